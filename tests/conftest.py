@@ -1,0 +1,38 @@
+"""Shared fixtures: a real tansu broker per test session, topics per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from shmprod.broker import EmbeddedBroker
+
+_topic_ids = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    """One embedded broker for the whole session; always stopped."""
+    b = EmbeddedBroker()
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def fresh_broker() -> Iterator[EmbeddedBroker]:
+    """A broker of the test's own, for tests that must not share state."""
+    with EmbeddedBroker() as b:
+        yield b
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A topic name unique within the session."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return f"t-{os.getpid()}-{next(_topic_ids)}-{base}"

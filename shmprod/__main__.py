@@ -1,0 +1,3 @@
+from shmprod.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""The ``shmprod`` command line: ``shmprod demo`` and ``shmprod broker``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from shmprod import __version__
+from shmprod.errors import ShmprodError
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    """Runs an embedded tansu broker on loopback until Ctrl-C or SIGTERM."""
+    from shmprod.broker import EmbeddedBroker
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with EmbeddedBroker(port=args.port) as broker:
+        for name in args.topic or ():
+            topic, _, parts = name.partition(":")
+            broker.create_topic(topic, int(parts or 1))
+        print(f"broker ready: bootstrap_servers={broker.bootstrap} (Ctrl-C stops it)", flush=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+    print("broker stopped", flush=True)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from shmprod.demo import run_demo
+
+    return run_demo(
+        records=args.records,
+        value_size=args.value_size,
+        partitions=args.partitions,
+        compression=args.compression,
+        bootstrap=args.bootstrap,
+        report_path=args.report,
+        progress=not args.quiet,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shmprod", description="One Kafka producer per host, shared by every worker process."
+    )
+    parser.add_argument("--version", action="version", version=f"shmprod {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="export a generated sample data set through the embedded broker and verify it",
+    )
+    demo.add_argument("--records", type=int, default=200_000, help="rows to export (200000)")
+    demo.add_argument("--value-size", type=int, default=100, help="approximate value bytes (100)")
+    demo.add_argument("--partitions", type=int, default=8, help="topic partitions (8)")
+    demo.add_argument(
+        "--compression",
+        default="lz4",
+        choices=["none", "gzip", "snappy", "lz4", "zstd"],
+        help="batch compression (lz4)",
+    )
+    demo.add_argument(
+        "--bootstrap", default=None, help="use this broker instead of starting an embedded one"
+    )
+    demo.add_argument("--report", default="shmprod-demo-report.json", help="JSON report path")
+    demo.add_argument("--quiet", action="store_true", help="no progress line")
+    demo.set_defaults(func=_cmd_demo)
+
+    broker = sub.add_parser("broker", help="run a local development broker (tansu) on loopback")
+    broker.add_argument("--port", type=int, default=None, help="listen port (a free one)")
+    broker.add_argument(
+        "--topic", action="append", help="create a topic, NAME or NAME:PARTITIONS (repeatable)"
+    )
+    broker.set_defaults(func=_cmd_broker)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc: int = args.func(args)
+    except ShmprodError as exc:
+        print(f"shmprod: error: {exc}", file=sys.stderr)
+        return 1
+    return rc

@@ -8,6 +8,7 @@ malformed input and never any other exception.
 
 from __future__ import annotations
 
+import builtins
 import struct
 import uuid
 from collections.abc import Callable
@@ -231,12 +232,16 @@ class Reader:
 
     __slots__ = ("_buf", "_end", "pos")
 
-    def __init__(self, data: bytes | bytearray | memoryview, pos: int = 0, end: int | None = None) -> None:
+    def __init__(
+        self, data: bytes | bytearray | memoryview, pos: int = 0, end: int | None = None
+    ) -> None:
         self._buf = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
         self.pos = pos
         self._end = len(self._buf) if end is None else end
         if not 0 <= pos <= self._end <= len(self._buf):
-            raise DecodeError(f"reader bounds out of range: pos={pos} end={end} len={len(self._buf)}")
+            raise DecodeError(
+                f"reader bounds out of range: pos={pos} end={end} len={len(self._buf)}"
+            )
 
     @property
     def remaining(self) -> int:
@@ -251,7 +256,9 @@ class Reader:
 
     def _unpack(self, s: struct.Struct) -> int:
         if self.pos + s.size > self._end:
-            raise DecodeError(f"need {s.size} bytes at offset {self.pos}, have {self._end - self.pos}")
+            raise DecodeError(
+                f"need {s.size} bytes at offset {self.pos}, have {self._end - self.pos}"
+            )
         v: int = s.unpack_from(self._buf, self.pos)[0]
         self.pos += s.size
         return v
@@ -374,7 +381,7 @@ class Reader:
             return None
         return bytes(self._take(n - 1))
 
-    def array_len(self, *, compact: bool) -> int | None:
+    def array_len(self, *, compact: builtins.bool) -> int | None:
         """Element count of an array, or ``None`` for a null array."""
         if compact:
             n = self.uvarint32()
@@ -392,11 +399,13 @@ class Reader:
             raise DecodeError(f"array length {n} exceeds the {self.remaining} bytes left")
         return n
 
-    def array(self, item: Callable[[Reader], T], *, compact: bool) -> list[T]:
+    def array(self, item: Callable[[Reader], T], *, compact: builtins.bool) -> list[T]:
         n = self.array_len(compact=compact)
         return [] if n is None else [item(self) for _ in range(n)]
 
-    def nullable_array(self, item: Callable[[Reader], T], *, compact: bool) -> list[T] | None:
+    def nullable_array(
+        self, item: Callable[[Reader], T], *, compact: builtins.bool
+    ) -> list[T] | None:
         n = self.array_len(compact=compact)
         return None if n is None else [item(self) for _ in range(n)]
 

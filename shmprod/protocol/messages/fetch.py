@@ -66,6 +66,7 @@ class FetchRequest(Request):
     API_KEY: ClassVar[int] = ApiKey.FETCH
     VERSIONS: ClassVar[tuple[int, int]] = (4, 12)
 
+    cluster_id: str | None = fld(STRING, "12+", nullable="12+", tag=0, default=None)
     replica_id: int = fld(INT32, "0+", default=-1)
     max_wait_ms: int = fld(INT32, "0+", default=500)
     min_bytes: int = fld(INT32, "0+", default=1)
@@ -87,7 +88,31 @@ class AbortedTransaction(Struct):
 
 
 @dataclass(kw_only=True, slots=True)
-class FetchPartitionData(Struct):
+class EpochEndOffset(Struct):
+    """Where the log diverged from the fetcher's epoch (v12+, tagged)."""
+
+    epoch: int = fld(INT32, "12+", default=-1)
+    end_offset: int = fld(INT64, "12+", default=-1)
+
+
+@dataclass(kw_only=True, slots=True)
+class LeaderIdAndEpoch(Struct):
+    """The partition's current leader, when the fetcher asked the wrong one (v12+)."""
+
+    leader_id: int = fld(INT32, "12+", default=-1)
+    leader_epoch: int = fld(INT32, "12+", default=-1)
+
+
+@dataclass(kw_only=True, slots=True)
+class SnapshotId(Struct):
+    """The snapshot to fetch instead (v12+, tagged)."""
+
+    end_offset: int = fld(INT64, "0+", default=-1)
+    epoch: int = fld(INT32, "0+", default=-1)
+
+
+@dataclass(kw_only=True, slots=True)
+class PartitionData(Struct):
     """One partition's answer: its error, watermarks and record batches."""
 
     partition_index: int = fld(INT32, "0+")
@@ -95,6 +120,9 @@ class FetchPartitionData(Struct):
     high_watermark: int = fld(INT64, "0+")
     last_stable_offset: int = fld(INT64, "4+", default=-1)
     log_start_offset: int = fld(INT64, "5+", default=-1)
+    diverging_epoch: EpochEndOffset = fld(EpochEndOffset, "12+", tag=0)
+    current_leader: LeaderIdAndEpoch = fld(LeaderIdAndEpoch, "12+", tag=1)
+    snapshot_id: SnapshotId = fld(SnapshotId, "12+", tag=2)
     aborted_transactions: list[AbortedTransaction] | None = fld(
         array(AbortedTransaction), "4+", nullable="4+", default=None
     )
@@ -107,7 +135,7 @@ class FetchableTopicResponse(Struct):
     """The partitions of one topic in a Fetch answer."""
 
     topic: str = fld(STRING, "0+")
-    partitions: list[FetchPartitionData] = fld(array(FetchPartitionData), "0+")
+    partitions: list[PartitionData] = fld(array(PartitionData), "0+")
 
 
 @dataclass(kw_only=True, slots=True)

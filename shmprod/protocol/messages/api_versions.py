@@ -1,0 +1,82 @@
+"""ApiVersions (key 18), versions 0-3: which versions of each API a broker speaks.
+
+Schema: ``ApiVersionsRequest.json`` / ``ApiVersionsResponse.json`` in apache/kafka.
+Version 3 is flexible and sends the client's software name and version; brokers check
+both against ``[a-zA-Z0-9](?:[a-zA-Z0-9\\-.]*[a-zA-Z0-9])?``.
+"""
+
+# Fields are declared by calling fld() (a dataclasses.field with a schema attached).
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from shmprod.protocol.frames import ApiKey
+from shmprod.protocol.messages.schema import (
+    BOOL,
+    INT16,
+    INT32,
+    INT64,
+    STRING,
+    Request,
+    Response,
+    Struct,
+    array,
+    fld,
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class ApiVersionsRequest(Request):
+    """Asks the broker for its supported API versions."""
+
+    API_KEY: ClassVar[int] = ApiKey.API_VERSIONS
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
+
+    client_software_name: str = fld(STRING, "3+", default="shmprod")
+    client_software_version: str = fld(STRING, "3+", default="unknown")
+
+
+@dataclass(kw_only=True, slots=True)
+class ApiVersion(Struct):
+    """The version range the broker supports for one API key."""
+
+    api_key: int = fld(INT16, "0+")
+    min_version: int = fld(INT16, "0+")
+    max_version: int = fld(INT16, "0+")
+
+
+@dataclass(kw_only=True, slots=True)
+class SupportedFeatureKey(Struct):
+    """A feature the broker supports, with its version range (KIP-584)."""
+
+    name: str = fld(STRING, "3+")
+    min_version: int = fld(INT16, "3+")
+    max_version: int = fld(INT16, "3+")
+
+
+@dataclass(kw_only=True, slots=True)
+class FinalizedFeatureKey(Struct):
+    """A cluster-wide finalized feature level (KIP-584)."""
+
+    name: str = fld(STRING, "3+")
+    max_version_level: int = fld(INT16, "3+")
+    min_version_level: int = fld(INT16, "3+")
+
+
+@dataclass(kw_only=True, slots=True)
+class ApiVersionsResponse(Response):
+    """The broker's supported versions; its header is always v0 (see frames)."""
+
+    API_KEY: ClassVar[int] = ApiKey.API_VERSIONS
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
+
+    error_code: int = fld(INT16, "0+")
+    api_keys: list[ApiVersion] = fld(array(ApiVersion), "0+")
+    throttle_time_ms: int = fld(INT32, "1+")
+    supported_features: list[SupportedFeatureKey] = fld(array(SupportedFeatureKey), "3+", tag=0)
+    finalized_features_epoch: int = fld(INT64, "3+", tag=1, default=-1)
+    finalized_features: list[FinalizedFeatureKey] = fld(array(FinalizedFeatureKey), "3+", tag=2)
+    zk_migration_ready: bool = fld(BOOL, "3+", tag=3, default=False)

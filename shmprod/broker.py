@@ -58,7 +58,7 @@ def answers_api_versions(host: str, port: int, timeout: float = 0.5) -> bool:
                 if not chunk:
                     return False
                 head += chunk
-            _size, corr = struct.unpack(">ii", head)
+            corr: int = struct.unpack(">ii", head)[1]
             return corr == 0x5EED
     except OSError:
         return False
@@ -115,7 +115,8 @@ class EmbeddedBroker:
             "memory://tansu/",
             *self.extra_args,
         ]
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        out = log if log is not None else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
@@ -123,19 +124,23 @@ class EmbeddedBroker:
         except OSError as exc:
             raise BrokerError(f"cannot start tansu ({self._binary}): {exc}") from exc
         finally:
-            if out is not subprocess.DEVNULL:
-                out.close()
+            if log is not None:
+                log.close()
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._proc = None
-                raise BrokerError(f"tansu exited with status {code} while starting on port {self.port}")
+                raise BrokerError(
+                    f"tansu exited with status {code} while starting on port {self.port}"
+                )
             if answers_api_versions(self.host, self.port):
                 return self
             time.sleep(0.02)
         self.stop()
-        raise BrokerError(f"tansu did not answer ApiVersions on port {self.port} within {self.start_timeout}s")
+        raise BrokerError(
+            f"tansu did not answer ApiVersions on port {self.port} within {self.start_timeout}s"
+        )
 
     def stop(self, grace: float = 0.5) -> None:
         """Stops the broker: SIGTERM, then SIGKILL after ``grace`` seconds (storage is memory)."""
@@ -156,9 +161,20 @@ class EmbeddedBroker:
         """Creates a topic with the broker's CLI (idempotent only if it does not exist)."""
         binary = self._binary or resolve_tansu()
         result = subprocess.run(
-            [binary, "topic", "create", "--broker", f"tcp://{self.host}:{self.port}",
-             "--partitions", str(partitions), name],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
+            [
+                binary,
+                "topic",
+                "create",
+                "--broker",
+                f"tcp://{self.host}:{self.port}",
+                "--partitions",
+                str(partitions),
+                name,
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
         )
         if result.returncode != 0:
             raise BrokerError(

@@ -24,24 +24,22 @@ from shmprod.protocol.messages import (
     CreatableTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
     MetadataRequest,
     MetadataRequestTopic,
     MetadataResponse,
     PartitionProduceData,
     ProduceRequest,
     ProduceResponse,
-    TopicProduceData,
     Request,
     Response,
+    TopicProduceData,
     choose_version,
     decode_response,
     encode_request_segments,
-)
-from shmprod.protocol.messages.fetch import (
-    FetchPartition,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
 )
 
 R = TypeVar("R", bound=Response)
@@ -174,7 +172,9 @@ class BrokerConnection:
 
     # -- requests -----------------------------------------------------------------
 
-    def send(self, req: Request, version: int | None = None, *, expect_response: bool = True) -> int:
+    def send(
+        self, req: Request, version: int | None = None, *, expect_response: bool = True
+    ) -> int:
         """Sends ``req`` (record batches uncopied, by ``sendmsg``); returns its correlation id."""
         sock = self._require()
         if version is None:

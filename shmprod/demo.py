@@ -26,12 +26,12 @@ from shmprod.broker import EmbeddedBroker
 from shmprod.connection import BrokerConnection, parse_bootstrap
 from shmprod.errors import KafkaError, ShmprodError
 from shmprod.partitioner import partitions_for_keys
-from shmprod.protocol.messages import ProduceResponse
 from shmprod.protocol import compression as codecs
+from shmprod.protocol.messages import ProduceResponse
 from shmprod.protocol.records import iter_batches
-from shmprod.protocol.vectorized import encode_columns, split_batches
+from shmprod.protocol.vectorized import iter_encoded_batches
 
-_ACTIONS = np.array([b"view", b"click", b"add_to_cart", b"purchase", b"search"], dtype=object)
+_ACTIONS = np.array(["view", "click", "add_to_cart", "purchase", "search"], dtype=object)
 
 
 def make_sample_dataset(rows: int, value_size: int = 100, seed: int = 7) -> pa.Table:
@@ -42,32 +42,40 @@ def make_sample_dataset(rows: int, value_size: int = 100, seed: int = 7) -> pa.T
     if rows < 1:
         raise ShmprodError(f"the demo needs at least one record, got {rows}")
     rng = np.random.default_rng(seed)
-    users = rng.integers(0, max(1, rows // 20), rows)
-    actions = pa.array(_ACTIONS[rng.integers(0, len(_ACTIONS), rows)], pa.binary())
+    users = pc.cast(pa.array(rng.integers(0, max(1, rows // 20), rows)), pa.string())
+    actions = pa.array(_ACTIONS[rng.integers(0, len(_ACTIONS), rows)], pa.string())
     amounts = pc.cast(pa.array(rng.integers(0, 100_000, rows)), pa.string())
     event_ids = pc.cast(pa.array(np.arange(rows)), pa.string())
-    user_s = pc.cast(pa.array(users), pa.string())
-    key = pc.cast(pc.binary_join_element_wise("user-", user_s, ""), pa.binary())
-    prefix = pc.binary_join_element_wise(
-        '{"event_id":', event_ids, ',"user":"user-', user_s, '","action":"', ""
-    )
+    key = pc.binary_join_element_wise("user-", users, "")
     body = pc.binary_join_element_wise(
-        pc.cast(prefix, pa.binary()), actions, pa.scalar(b'","amount_cents":'), ""
-    )
-    body = pc.binary_join_element_wise(
-        body, pc.cast(amounts, pa.binary()), pa.scalar(b',"pad":"'), ""
+        '{"event_id":',
+        event_ids,
+        ',"user":"user-',
+        users,
+        '","action":"',
+        actions,
+        '","amount_cents":',
+        amounts,
+        ',"pad":"',
+        "",
     )
     # Pad each value to about ``value_size`` bytes (never below the JSON itself).
     pad_len = np.maximum(0, value_size - 2 - pc.binary_length(body).to_numpy())
     pad_offsets = np.concatenate([[0], np.cumsum(pad_len)]).astype(np.int32)
     pad_data = np.full(int(pad_offsets[-1]), ord("x"), dtype=np.uint8)
     pad = pa.Array.from_buffers(
-        pa.binary(), rows, [None, pa.py_buffer(pad_offsets), pa.py_buffer(pad_data)]
+        pa.string(), rows, [None, pa.py_buffer(pad_offsets), pa.py_buffer(pad_data)]
     )
-    value = pc.binary_join_element_wise(body, pad, pa.scalar(b'"}'), "")
+    value = pc.binary_join_element_wise(body, pad, '"}', "")
     base_ts = 1_700_000_000_000
     ts = base_ts + np.sort(rng.integers(0, 3_600_000, rows)).astype(np.int64)
-    return pa.table({"key": key, "value": value, "timestamp_ms": pa.array(ts)})
+    return pa.table(
+        {
+            "key": pc.cast(key, pa.binary()),
+            "value": pc.cast(value, pa.binary()),
+            "timestamp_ms": pa.array(ts),
+        }
+    )
 
 
 @dataclass
@@ -112,7 +120,9 @@ class _Progress:
         self._last = now
         rate = done / max(now - self.start, 1e-9)
         pct = 100.0 * done / self.total
-        sys.stderr.write(f"\r  {self.what}: {done:>10,}/{self.total:,} ({pct:5.1f}%) {rate:>12,.0f}/s")
+        sys.stderr.write(
+            f"\r  {self.what}: {done:>10,}/{self.total:,} ({pct:5.1f}%) {rate:>12,.0f}/s"
+        )
         sys.stderr.flush()
 
     def finish(self, done: int) -> None:
@@ -121,24 +131,33 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-def _plan_batches(
-    table: pa.Table, parts: npt.NDArray[np.int32], partitions: int, batch_bytes: int
-) -> list[tuple[int, npt.NDArray[np.int64]]]:
-    """(partition, row indices) of each batch, in send order, rows in input order."""
+def _encode_partitions(
+    table: pa.Table, parts: npt.NDArray[np.int32], partitions: int, batch_bytes: int, codec: int
+) -> tuple[list[tuple[int, bytes]], list[int]]:
+    """Each partition's rows, in input order, as compressed batches of ``batch_bytes``.
+
+    Returns ``(partition, batch)`` pairs and each batch's record count. Column at a time:
+    one stable argsort groups the rows, the vectorized encoder does the rest.
+    """
     order = np.argsort(parts, kind="stable")
     bounds = np.searchsorted(parts[order], np.arange(partitions + 1))
-    keys, values = table["key"], table["value"]
-    plan: list[tuple[int, npt.NDArray[np.int64]]] = []
+    ts = table["timestamp_ms"].to_numpy()
+    encoded: list[tuple[int, bytes]] = []
+    counts: list[int] = []
     for p in range(partitions):
         rows = order[bounds[p] : bounds[p + 1]]
         if not len(rows):
             continue
         idx = pa.array(rows)
-        for lo, hi in split_batches(
-            pc.take(values, idx), pc.take(keys, idx), batch_bytes=batch_bytes
+        for batch in iter_encoded_batches(
+            pc.take(table["value"], idx),
+            pc.take(table["key"], idx),
+            ts[rows],
+            batch_size=batch_bytes,
         ):
-            plan.append((p, rows[lo:hi]))
-    return plan
+            encoded.append((p, batch.to_bytes(compression=codec)))
+            counts.append(batch.record_count)
+    return encoded, counts
 
 
 def _produce_all(
@@ -194,7 +213,11 @@ def _produce_all(
 
 
 def _read_back(
-    conn: BrokerConnection, topic: str, expected: dict[int, int], progress: _Progress, timeout_s: float
+    conn: BrokerConnection,
+    topic: str,
+    expected: dict[int, int],
+    progress: _Progress,
+    timeout_s: float,
 ) -> dict[int, list[tuple[bytes | None, bytes | None, int]]]:
     """Every record of every partition, in offset order, until ``expected`` counts are met."""
     got: dict[int, list[tuple[bytes | None, bytes | None, int]]] = {p: [] for p in expected}
@@ -242,12 +265,19 @@ def run_demo(
         host, port = parse_bootstrap(servers)[0]
         codec = codecs.codec_id(compression)
         topic = f"shmprod-demo-{int(time.time() * 1000)}"
-        log = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
 
-        log(f"shmprod demo: broker {servers}, topic {topic} ({partitions} partitions), {compression}")
+        def log(line: str) -> None:
+            if progress:
+                print(line, file=sys.stderr, flush=True)
+
+        log(
+            f"shmprod demo: broker {servers}, topic {topic} ({partitions} partitions), {compression}"
+        )
         t0 = time.monotonic()
         table = make_sample_dataset(records, value_size)
-        log(f"  generated {records:,} records ({table.nbytes / 1e6:.1f} MB) in {time.monotonic() - t0:.2f}s")
+        log(
+            f"  generated {records:,} records ({table.nbytes / 1e6:.1f} MB) in {time.monotonic() - t0:.2f}s"
+        )
 
         with BrokerConnection(host, port, client_id="shmprod-demo") as conn:
             errors = conn.create_topics({topic: partitions})
@@ -256,27 +286,13 @@ def run_demo(
 
             t0 = time.monotonic()
             parts = partitions_for_keys(table["key"], partitions)
-            plan = _plan_batches(table, parts, partitions, batch_bytes)
-            encoded: list[tuple[int, bytes]] = []
-            counts: list[int] = []
-            for p, rows in plan:
-                idx = pa.array(rows)
-                encoded.append(
-                    (
-                        p,
-                        encode_columns(
-                            pc.take(table["value"], idx),
-                            keys=pc.take(table["key"], idx),
-                            timestamps_ms=table["timestamp_ms"].to_numpy()[rows],
-                            compression=codec,
-                        ),
-                    )
-                )
-                counts.append(len(rows))
+            encoded, counts = _encode_partitions(table, parts, partitions, batch_bytes, codec)
             encode_s = time.monotonic() - t0
 
             t0 = time.monotonic()
-            n_requests = _produce_all(conn, topic, encoded, _Progress(progress, records, "produced"), counts)
+            n_requests = _produce_all(
+                conn, topic, encoded, _Progress(progress, records, "produced"), counts
+            )
             produce_s = time.monotonic() - t0
 
             expected = {p: int(n) for p, n in enumerate(np.bincount(parts, minlength=partitions))}

@@ -43,7 +43,10 @@ def _random_records(rng: random.Random, n: int) -> list[NewRecord]:
     out = []
     for _ in range(n):
         headers = [
-            (rng.choice(["h", "trace-id", "ключ", "x" * rng.randint(1, 20)]), _random_bytes(rng, 30))
+            (
+                rng.choice(["h", "trace-id", "ключ", "x" * rng.randint(1, 20)]),
+                _random_bytes(rng, 30),
+            )
             for _ in range(rng.randint(0, 3))
         ]
         out.append(

@@ -52,3 +52,123 @@ class KafkaError(ShmprodError):
         if message:
             text += f": {message}"
         super().__init__(text)
+
+
+# ---------------------------------------------------------------------------
+# Producer errors. Each has a code so it can cross a process boundary as data
+# (code, retriable, message); negative codes are shmprod's own, positive ones Kafka's.
+# ---------------------------------------------------------------------------
+
+
+class ProducerError(ShmprodError):
+    """Base of errors about sending records through the shared producer."""
+
+    code = -1000
+    retriable = False
+
+
+class ProducerClosedError(ProducerError):
+    """A send after close, or a producer that is closing."""
+
+    code = -1001
+
+
+class SenderDiedError(ProducerError):
+    """The sender process is gone; nothing more can be delivered by this producer."""
+
+    code = -1002
+
+
+class OwnerDiedError(ProducerError):
+    """The process that created the producer died; the producer has shut down."""
+
+    code = -1003
+
+
+class BufferExhaustedError(ProducerError):
+    """No pool space came free within ``max_block_ms`` (back-pressure)."""
+
+    code = -1004
+    retriable = True
+
+
+class MetadataTimeoutError(ProducerError):
+    """A topic's metadata was not available within ``max_block_ms``."""
+
+    code = -1005
+    retriable = True
+
+
+class DeliveryTimeoutError(ProducerError):
+    """A batch was not acknowledged within ``delivery_timeout_ms`` (KIP-91)."""
+
+    code = -1006
+    retriable = True
+
+
+class RecordTooLargeError(ProducerError, ValueError):
+    """A record larger than ``max_request_size`` or the whole pool."""
+
+    code = -1007
+
+
+class InvalidRecordError(ProducerError, TypeError):
+    """A key, value, header, timestamp or partition of the wrong type or out of range."""
+
+    code = -1008
+
+
+class InvalidTopicError(ProducerError, ValueError):
+    """A topic name Kafka would refuse (empty, too long, illegal characters)."""
+
+    code = -1009
+
+
+class UnknownPartitionError(ProducerError, ValueError):
+    """An explicit partition outside the topic's partitions."""
+
+    code = -1010
+
+
+class CorruptBatchError(ProducerError):
+    """A batch in shared memory failed validation in the sender; only it was failed."""
+
+    code = -1011
+
+
+class FlushTimeoutError(ProducerError, TimeoutError):
+    """``flush(timeout)`` returned with records still pending."""
+
+    code = -1012
+    retriable = True
+
+
+_BY_CODE: dict[int, type[ProducerError]] = {
+    cls.code: cls
+    for cls in (
+        ProducerError,
+        ProducerClosedError,
+        SenderDiedError,
+        OwnerDiedError,
+        BufferExhaustedError,
+        MetadataTimeoutError,
+        DeliveryTimeoutError,
+        RecordTooLargeError,
+        InvalidRecordError,
+        InvalidTopicError,
+        UnknownPartitionError,
+        CorruptBatchError,
+        FlushTimeoutError,
+    )
+}
+
+
+def error_from_code(code: int, message: str = "", retriable: bool | None = None) -> ShmprodError:
+    """The exception for an error that crossed a process boundary as (code, message)."""
+    if code > 0 or code == -1:
+        return KafkaError(code, message, retriable=retriable)
+    cls = _BY_CODE.get(code, ProducerError)
+    exc = cls(message or cls.__doc__ or cls.__name__)
+    if retriable is not None:
+        exc.retriable = retriable
+    return exc

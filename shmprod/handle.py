@@ -1,0 +1,62 @@
+"""The small picklable handle workers attach with, and the sender's start-up spec."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shmprod.config import ProducerConfig, Serializer
+
+
+@dataclass(frozen=True)
+class Handle:
+    """Everything a process on this host needs to attach to a producer.
+
+    Pickles to a few hundred bytes (fork, spawn, forkserver, ``multiprocess``/dill,
+    Celery, Spark closures). ``secret`` proves to the sender that the attaching process
+    was given the handle; keep it as private as the producer itself.
+    """
+
+    segment: str
+    socket_path: str
+    secret: bytes
+    owner_pid: int
+    config: dict[str, Any]
+    key_serializer: Serializer | None = field(default=None, compare=False)
+    value_serializer: Serializer | None = field(default=None, compare=False)
+
+    def producer_config(self) -> ProducerConfig:
+        """The producer's configuration, rebuilt in the attaching process."""
+        return ProducerConfig(
+            **self.config,
+            key_serializer=self.key_serializer,
+            value_serializer=self.value_serializer,
+        )
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"Handle(segment={self.segment!r}, socket_path={self.socket_path!r}, owner_pid={self.owner_pid})"
+
+
+@dataclass(frozen=True)
+class SenderSpec:
+    """What the owner tells the sender process at start (``python -m shmprod.sender``).
+
+    ``listen_fd`` is the owner's listening UNIX socket, inherited through ``pass_fds``,
+    so workers can connect before the sender has started.
+    """
+
+    segment: str
+    socket_path: str
+    secret_hex: str
+    owner_pid: int
+    owner_start_us: int
+    listen_fd: int
+    config: dict[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> SenderSpec:
+        return cls(**json.loads(text))

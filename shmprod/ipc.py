@@ -1,0 +1,291 @@
+"""The control plane between workers and the sender: small messages on a UNIX socket.
+
+Records never travel here: they are in shared memory. A message moves the ownership of
+a buffer (``ALLOC``/``GRANT``/``SEALED``/``RELEASE``), asks for a topic (``TOPIC``), or
+reports a batch's outcome (``DONE``): one message per batch, never per record. The
+socket also carries liveness: a worker sees EOF when the sender dies, the sender when a
+worker dies, and reacts at once.
+
+Wire form: ``u32 length | u8 type | payload`` (little-endian, ``length`` counts type and
+payload). Sans-IO: :func:`encode` builds bytes, :class:`MessageReader` splits a byte
+stream into decoded messages; both raise :class:`IpcError` on malformed input.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import ClassVar, Final
+
+from shmprod.errors import ShmprodError
+
+MAX_MESSAGE: Final = 1 << 20
+SECRET_SIZE: Final = 16
+
+
+class IpcError(ShmprodError):
+    """A malformed control message (a bug or a stranger on the socket)."""
+
+
+_LEN = struct.Struct("<IB")
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """worker → sender, first message: who is attaching (``owner``: the creating process)."""
+
+    TYPE: ClassVar[int] = 1
+    FMT: ClassVar[struct.Struct] = struct.Struct(f"<{SECRET_SIZE}sQQB")
+    secret: bytes
+    pid: int
+    start_us: int
+    owner: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """sender → worker: the worker slot it holds, and the producer id/epoch in use."""
+
+    TYPE: ClassVar[int] = 2
+    FMT: ClassVar[struct.Struct] = struct.Struct("<I")
+    worker_slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """worker → sender: ``count`` runs of ``run`` adjacent buffers each."""
+
+    TYPE: ClassVar[int] = 3
+    FMT: ClassVar[struct.Struct] = struct.Struct("<III")
+    request_id: int
+    run: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """sender → worker: first buffer of each run granted (``error`` set: none granted)."""
+
+    TYPE: ClassVar[int] = 4
+    FMT: ClassVar[struct.Struct] = struct.Struct("<IIh")
+    request_id: int
+    run: int
+    error: int
+    buffers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """worker → sender: a complete RecordBatch in ``buffer`` (and its run) is the sender's."""
+
+    TYPE: ClassVar[int] = 5
+    FMT: ClassVar[struct.Struct] = struct.Struct("<IIIQII")
+    buffer: int
+    run: int
+    partition_slot: int
+    batch_id: int
+    length: int
+    record_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """worker → sender: buffers given back unused (runs of ``run``)."""
+
+    TYPE: ClassVar[int] = 6
+    FMT: ClassVar[struct.Struct] = struct.Struct("<I")
+    run: int
+    buffers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRequest:
+    """worker → sender: make ``name`` known in the metadata table."""
+
+    TYPE: ClassVar[int] = 7
+    FMT: ClassVar[struct.Struct] = struct.Struct("<I")
+    request_id: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """sender → worker: ``name``'s slot in the metadata table, or an error code.
+
+    ``request_id`` 0 is a push (a partition count changed).
+    """
+
+    TYPE: ClassVar[int] = 8
+    FMT: ClassVar[struct.Struct] = struct.Struct("<Iiih")
+    request_id: int
+    topic_slot: int
+    partitions: int
+    error: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """sender → worker: the outcome of one batch. ``error`` 0: ``base_offset`` is valid."""
+
+    TYPE: ClassVar[int] = 9
+    FMT: ClassVar[struct.Struct] = struct.Struct("<QhqqB")
+    batch_id: int
+    error: int
+    base_offset: int
+    log_append_time_ms: int
+    retriable: bool
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """sender → worker: the producer failed or is closing; every pending send fails."""
+
+    TYPE: ClassVar[int] = 10
+    FMT: ClassVar[struct.Struct] = struct.Struct("<h")
+    error: int
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """worker → sender: detaching cleanly (its granted buffers may be reclaimed)."""
+
+    TYPE: ClassVar[int] = 11
+    FMT: ClassVar[struct.Struct] = struct.Struct("<B")
+    flags: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """owner → sender: finish what is queued (up to ``timeout_ms``), then exit."""
+
+    TYPE: ClassVar[int] = 12
+    FMT: ClassVar[struct.Struct] = struct.Struct("<Q")
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """sender → owner: bootstrap metadata fetched, the producer can send."""
+
+    TYPE: ClassVar[int] = 13
+    FMT: ClassVar[struct.Struct] = struct.Struct("<h")
+    error: int
+    message: str = ""
+
+
+Message = (
+    Hello
+    | Welcome
+    | Alloc
+    | Grant
+    | Sealed
+    | Release
+    | TopicRequest
+    | TopicInfo
+    | Done
+    | Fatal
+    | Bye
+    | Shutdown
+    | Ready
+)
+
+_TYPES: Final[dict[int, type[Message]]] = {
+    cls.TYPE: cls
+    for cls in (
+        Hello,
+        Welcome,
+        Alloc,
+        Grant,
+        Sealed,
+        Release,
+        TopicRequest,
+        TopicInfo,
+        Done,
+        Fatal,
+        Bye,
+        Shutdown,
+        Ready,
+    )
+}
+_U32 = struct.Struct("<I")
+_STR_FIELD = {
+    TopicRequest: "name",
+    TopicInfo: "name",
+    Done: "message",
+    Fatal: "message",
+    Ready: "message",
+}
+_LIST_FIELD = {Grant: "buffers", Release: "buffers"}
+
+
+def encode(msg: Message) -> bytes:
+    """One framed message."""
+    cls = type(msg)
+    fixed = [getattr(msg, f) for f in cls.__slots__][: _n_fixed(cls)]
+    body = bytearray(cls.FMT.pack(*fixed))
+    if cls in _STR_FIELD:
+        body += getattr(msg, _STR_FIELD[cls]).encode("utf-8", "replace")
+    elif cls in _LIST_FIELD:
+        items: tuple[int, ...] = getattr(msg, _LIST_FIELD[cls])
+        body += struct.pack(f"<{len(items)}I", *items)
+    if len(body) + 1 > MAX_MESSAGE:
+        raise IpcError(f"control message of {len(body)} bytes is too large")
+    return _LEN.pack(len(body) + 1, cls.TYPE) + body
+
+
+def _n_fixed(cls: type[Message]) -> int:
+    return len(cls.FMT.unpack(bytes(cls.FMT.size)))
+
+
+def decode(mtype: int, body: bytes | memoryview) -> Message:
+    """The message of type ``mtype`` from its payload."""
+    cls = _TYPES.get(mtype)
+    if cls is None:
+        raise IpcError(f"unknown control message type {mtype}")
+    size = cls.FMT.size
+    if len(body) < size:
+        raise IpcError(f"{cls.__name__} needs {size} bytes, got {len(body)}")
+    fixed = cls.FMT.unpack_from(body, 0)
+    rest = bytes(body[size:])
+    try:
+        if cls in _STR_FIELD:
+            return cls(*fixed, rest.decode("utf-8"))  # type: ignore[call-arg]
+        if cls in _LIST_FIELD:
+            if len(rest) % 4:
+                raise IpcError(f"{cls.__name__} list is not whole u32s")
+            return cls(*fixed, tuple(struct.unpack(f"<{len(rest) // 4}I", rest)))  # type: ignore[call-arg]
+        if rest:
+            raise IpcError(f"{cls.__name__} has {len(rest)} trailing bytes")
+        return cls(*fixed)
+    except (UnicodeDecodeError, TypeError) as exc:
+        raise IpcError(f"bad {cls.__name__}: {exc}") from None
+
+
+class MessageReader:
+    """Splits a control byte stream into messages; keeps partial ones for the next feed."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        buf = self._buf
+        buf += data
+        out: list[Message] = []
+        pos = 0
+        while len(buf) - pos >= 5:
+            length, mtype = _LEN.unpack_from(buf, pos)
+            if not 1 <= length <= MAX_MESSAGE:
+                raise IpcError(f"control message length {length} out of range")
+            end = pos + 4 + length
+            if end > len(buf):
+                break
+            out.append(decode(mtype, bytes(buf[pos + 5 : end])))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return out

@@ -1,0 +1,75 @@
+"""``python -m shmprod.sender '<SenderSpec json>'``: run the sender process.
+
+Maps the segment named in the spec, wraps the listening socket inherited from the owner
+(``pass_fds``), records this process's pid and start time in HEADER, runs the loop and
+exits with its status (see :mod:`shmprod.sender.lifecycle`). Logs go to stderr at the
+level in ``SHMPROD_LOG_LEVEL`` (default WARNING) and never contain the secret. SIGINT is
+ignored: a Ctrl-C in the user's terminal reaches the whole process group, and the owner
+decides when the producer closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+
+from shmprod.handle import SenderSpec
+from shmprod.sender import lifecycle
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=os.environ.get("SHMPROD_LOG_LEVEL", "WARNING").upper(),
+        format="shmprod-sender[%(process)d] %(levelname)s %(message)s",
+    )
+    log = logging.getLogger("shmprod.sender")
+    if len(args) != 1:
+        log.error("usage: python -m shmprod.sender '<SenderSpec json>'")
+        return lifecycle.EXIT_USAGE
+    try:
+        spec = SenderSpec.from_json(args[0])
+    except (ValueError, TypeError) as exc:
+        log.error("not a SenderSpec: %s", type(exc).__name__)
+        return lifecycle.EXIT_USAGE
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return run(spec)
+
+
+def run(spec: SenderSpec) -> int:
+    """Runs a sender for ``spec`` in this process; returns its exit status."""
+    from shmprod import layout
+    from shmprod.sender.loop import Sender
+    from shmprod.shm import Segment
+
+    log = logging.getLogger("shmprod.sender")
+    listen = socket.socket(fileno=spec.listen_fd)
+    try:
+        segment = Segment.attach(spec.segment)
+    except Exception as exc:
+        log.error("cannot map the producer's segment: %s", exc)
+        listen.close()
+        return lifecycle.EXIT_CRASHED
+    try:
+        sender = Sender(spec, segment.view, listen)
+        sender.shared.set_sender_identity(os.getpid(), lifecycle.process_start_us())
+        status = sender.run()
+    except Exception:
+        log.exception("the sender could not start")
+        with contextlib.suppress(Exception):
+            layout.U32.pack_into(segment.view, layout.H_STATE, layout.STATE_FAILED)
+        listen.close()
+        return lifecycle.EXIT_CRASHED
+    del sender
+    with contextlib.suppress(BufferError):
+        segment.close()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The sender's record of one sealed batch (its bytes stay in shared memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NO_SEQUENCE = -1
+
+
+@dataclass(slots=True, eq=False)
+class Batch:
+    """A sealed batch from ``origin`` (a worker connection), owned by the sender until
+    its Done is sent and its buffers are freed. Runs in: sender."""
+
+    buffer: int  # first buffer of the run holding the batch
+    run: int
+    partition_slot: int
+    batch_id: int  # the worker's id, echoed in Done
+    length: int
+    record_count: int
+    origin: int
+    sealed_ns: int
+    deadline_ns: int  # sealed_ns + delivery_timeout_ms (KIP-91)
+    arrival: int = 0  # order in which the sender received the batch
+    attempts: int = 0  # sends answered with a retriable error so far
+    retry_at_ns: int = 0  # not before this (backoff), once attempts > 0
+    sequence: int = NO_SEQUENCE  # base sequence assigned at drain (idempotence)
+    producer_id: int = -1  # the identity the sequence belongs to
+    producer_epoch: int = -1
+    in_flight: bool = False
+    last_error: int = 0
+
+    @property
+    def is_retry(self) -> bool:
+        return self.attempts > 0

@@ -1,0 +1,97 @@
+"""Idempotence: ONE producer id/epoch for the whole host pool, sequences per partition.
+
+- The id comes from InitProducerId at start (see loop.py).
+- Sequences are assigned at drain time, in queue order, and written into the batch in
+  shared memory with :func:`shmprod.protocol.records.patch_producer_state` (the CRC
+  covers them, so it is recomputed there). A retried batch keeps its sequence.
+- A batch acknowledged (or answered DUPLICATE_SEQUENCE_NUMBER) moves the partition's
+  "next expected" sequence past it.
+- When a sequence can no longer be trusted -- a batch that carried one failed for good,
+  or the broker answered UNKNOWN_PRODUCER_ID or an OUT_OF_ORDER_SEQUENCE_NUMBER for the
+  first unacknowledged batch -- :meth:`ProducerIdentity.request_reset` stops all
+  draining; once nothing is in flight the loop fetches a NEW producer id (tansu does not
+  bump epochs of an existing id, so shmprod does not try KIP-360's bump) and every
+  sequence restarts at 0. Queued batches get fresh sequences when drained again.
+"""
+
+from __future__ import annotations
+
+from shmprod.protocol.primitives import INT32_MAX
+from shmprod.sender.batch import NO_SEQUENCE, Batch
+
+MAX_IN_FLIGHT_PER_PARTITION = 5
+"""The broker remembers the last 5 batches of a producer-partition (idempotence)."""
+
+
+def next_sequence(sequence: int, increment: int) -> int:
+    """``sequence + increment`` wrapping past INT32_MAX to 0 (Kafka's rule)."""
+    if sequence > INT32_MAX - increment:
+        return increment - (INT32_MAX - sequence) - 1
+    return sequence + increment
+
+
+class ProducerIdentity:
+    """Producer id, epoch and per-partition sequences. Runs in: sender."""
+
+    __slots__ = ("_acked", "_next", "enabled", "producer_epoch", "producer_id", "reset_pending")
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.reset_pending = False
+        self._next: dict[int, int] = {}  # partition slot -> next sequence to assign
+        self._acked: dict[int, int] = {}  # partition slot -> next sequence the broker expects
+
+    @property
+    def has_id(self) -> bool:
+        return self.producer_id >= 0
+
+    @property
+    def can_drain(self) -> bool:
+        """False while an id is missing or a reset waits for in-flight requests."""
+        return not self.enabled or (self.has_id and not self.reset_pending)
+
+    def set_identity(self, producer_id: int, producer_epoch: int) -> None:
+        """A new id/epoch from InitProducerId: every sequence restarts at 0."""
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self._next.clear()
+        self._acked.clear()
+        self.reset_pending = False
+
+    def request_reset(self) -> None:
+        if self.enabled:
+            self.reset_pending = True
+
+    def assign(self, batch: Batch) -> bool:
+        """Gives ``batch`` its sequence if it has none under the current identity.
+
+        Returns True when the batch's producer fields must be (re)written in shm.
+        """
+        if (
+            batch.sequence != NO_SEQUENCE
+            and batch.producer_id == self.producer_id
+            and batch.producer_epoch == self.producer_epoch
+        ):
+            return False
+        slot = batch.partition_slot
+        seq = self._next.get(slot, 0)
+        self._next[slot] = next_sequence(seq, batch.record_count)
+        batch.sequence = seq
+        batch.producer_id = self.producer_id
+        batch.producer_epoch = self.producer_epoch
+        return True
+
+    def is_current(self, batch: Batch) -> bool:
+        return batch.producer_id == self.producer_id and batch.producer_epoch == self.producer_epoch
+
+    def acknowledge(self, batch: Batch) -> None:
+        """``batch`` is in the log: the broker now expects the sequence after it."""
+        if self.enabled and batch.sequence != NO_SEQUENCE and self.is_current(batch):
+            self._acked[batch.partition_slot] = next_sequence(batch.sequence, batch.record_count)
+
+    def is_next_expected(self, batch: Batch) -> bool:
+        """Whether ``batch`` is the first unacknowledged one of its partition: an
+        OUT_OF_ORDER_SEQUENCE_NUMBER for it is real, not fallout of an earlier failure."""
+        return self.is_current(batch) and batch.sequence == self._acked.get(batch.partition_slot, 0)

@@ -1,0 +1,1098 @@
+"""The sender's single-threaded selector loop.
+
+It owns the listening socket and one control connection per worker, the buffer pool,
+metadata, one connection per broker node, the per-partition queues, the requests in
+flight and the completions. Every socket is non-blocking; control messages are buffered
+per connection, so no peer can stall the loop.
+
+One iteration: wait in ``select`` (until the earliest timer), handle the events
+(accept, control messages, broker answers, writable sockets), then :meth:`Sender._tick`:
+owner liveness, request timeouts, delivery timeouts and topic waits (every
+``HOUSEKEEPING_NS``), metadata and producer id, drain, shutdown progress, and writing
+the control messages produced.
+
+Phases: BOOTSTRAP (until metadata, and the producer id when idempotent, arrived; then
+``Ready(0)`` to the owner) -> RUNNING -> CLOSING (after the owner's ``Shutdown``) ->
+exit. See :mod:`shmprod.sender.lifecycle` for exit statuses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import selectors
+import socket
+import time
+from collections.abc import Callable, Iterable
+from enum import Enum
+
+from shmprod import ipc
+from shmprod import layout as L
+from shmprod.config import ProducerConfig
+from shmprod.connection import parse_bootstrap
+from shmprod.errors import (
+    CorruptBatchError,
+    DeliveryTimeoutError,
+    InvalidTopicError,
+    MetadataTimeoutError,
+    OwnerDiedError,
+    ProducerClosedError,
+    ProducerError,
+    ProtocolError,
+)
+from shmprod.handle import SenderSpec
+from shmprod.protocol import error_codes as ec
+from shmprod.protocol import records
+from shmprod.protocol.frames import UnsupportedVersionError
+from shmprod.protocol.messages import (
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    MetadataResponse,
+    ProduceResponse,
+    Response,
+)
+from shmprod.sender import lifecycle
+from shmprod.sender.accumulator import Accumulator
+from shmprod.sender.batch import NO_SEQUENCE, Batch
+from shmprod.sender.control import ControlClosed, ControlConn
+from shmprod.sender.drain import Drainer
+from shmprod.sender.idempotence import MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
+from shmprod.sender.metadata import Metadata, TopicAnswer
+from shmprod.sender.network import ConnectionLost, ConnState, InFlight, NodeConnection
+from shmprod.sender.policy import Action, backoff_ns, decide
+from shmprod.sender.pool import AllocResult, BufferPool
+from shmprod.sender.produce import BatchAnswer, ProduceContext, build_request, match_response
+from shmprod.sender.shmstate import SharedState
+
+log = logging.getLogger("shmprod.sender")
+
+MS = 1_000_000
+HOUSEKEEPING_NS = 50 * MS
+IDLE_WAIT_NS = 250 * MS
+HELLO_TIMEOUT_NS = 10_000 * MS
+EXIT_FLUSH_NS = 1_000 * MS
+MIN_BOOTSTRAP_WAIT_MS = 1_000
+MAX_ACCEPTS_PER_EVENT = 64
+BOOTSTRAP_FALLBACK_FAILURES = 3  # consecutive failures of every known node
+
+
+class Phase(Enum):
+    BOOTSTRAP = "bootstrap"
+    RUNNING = "running"
+    CLOSING = "closing"
+
+
+class _Marker:
+    """Context of a non-produce request."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+_METADATA = _Marker("metadata")
+_PRODUCER_ID = _Marker("producer id")
+
+
+class Sender:
+    """The sender process's state and loop. Runs in: sender (one thread)."""
+
+    def __init__(
+        self,
+        spec: SenderSpec,
+        view: memoryview,
+        listen: socket.socket,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        owner_alive: Callable[[], bool] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.cfg = ProducerConfig(**spec.config)
+        self.clock = clock
+        self.view = view
+        self.geo = L.read_geometry(view)
+        self.shared = SharedState(view, self.geo)
+        self.pool = BufferPool(self.shared)
+        self.acc = Accumulator(self.shared)
+        self.identity = ProducerIdentity(self.cfg.enable_idempotence)
+        self.metadata = Metadata(
+            self.shared,
+            max_age_ms=self.cfg.metadata_max_age_ms,
+            retry_backoff_ms=self.cfg.retry_backoff_ms,
+            retry_backoff_max_ms=self.cfg.retry_backoff_max_ms,
+            max_block_ms=self.cfg.max_block_ms,
+        )
+        self.max_in_flight = self.cfg.max_in_flight_requests_per_connection
+        partition_limit = self.max_in_flight
+        if self.identity.enabled:
+            partition_limit = min(partition_limit, MAX_IN_FLIGHT_PER_PARTITION)
+        self.drainer = Drainer(self.cfg.max_request_size, partition_limit)
+        self._secret = bytes.fromhex(spec.secret_hex)
+        self._bootstrap = parse_bootstrap(self.cfg.bootstrap_servers)
+        self._owner_alive = owner_alive or lifecycle.owner_watch(
+            spec.owner_pid, spec.owner_start_us
+        )
+
+        self._listen = listen
+        listen.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(listen, selectors.EVENT_READ, None)
+        self._masks: dict[int, int] = {}
+
+        self._ctl: dict[int, ControlConn] = {}
+        self._dirty: set[ControlConn] = set()
+        self._owner: ControlConn | None = None
+        self._owner_gone = False
+        self._slots = [False] * self.geo.max_workers
+
+        self._nodes: dict[int, NodeConnection] = {}  # node id (bootstrap: -1 - index)
+        self._reconnect: dict[int, tuple[int, int]] = {}  # key -> (failures, not before)
+        self._bootstrap_failures = 0
+        self._part_in_flight: dict[int, int] = {}
+        self._requests_in_flight = 0
+        self._batches_in_flight = 0
+        self._arrival = 0
+
+        self._pid_in_flight = False
+        self._pid_failures = 0
+        self._pid_retry_at = 0
+
+        now = clock()
+        self.phase = Phase.BOOTSTRAP
+        wait_ms = max(self.cfg.max_block_ms, MIN_BOOTSTRAP_WAIT_MS)
+        self._bootstrap_deadline = now + wait_ms * MS
+        self._bootstrap_error = ""
+        self._shutdown_deadline = 0
+        self._next_housekeeping = now
+        self.exit_code: int | None = None
+
+    # =====================================================================================
+    # The loop
+    # =====================================================================================
+
+    def run(self) -> int:
+        """Runs until shutdown, owner death, bootstrap failure or a crash; returns the
+        exit status. An unexpected exception sends Fatal to every worker first."""
+        try:
+            while self.exit_code is None:
+                self.step()
+        except Exception as exc:
+            self._crash(exc)
+            self.exit_code = lifecycle.EXIT_CRASHED
+        finally:
+            self._close_everything()
+        return self.exit_code
+
+    def step(self) -> None:
+        """One iteration: select, handle events, run timers."""
+        now = self.clock()
+        timeout_s = max(0, self._next_wakeup(now) - now) / 1e9
+        events = self._sel.select(timeout_s)
+        now = self.clock()
+        for key, mask in events:
+            data = key.data
+            if data is None:
+                self._accept(now)
+            elif isinstance(data, ControlConn):
+                if not data.closed:
+                    if mask & selectors.EVENT_READ:
+                        self._on_control_readable(data, now)
+                    if mask & selectors.EVENT_WRITE and not data.closed:
+                        self._dirty.add(data)
+            elif isinstance(data, NodeConnection) and data.state != ConnState.CLOSED:
+                if mask & selectors.EVENT_WRITE:
+                    self._on_node_writable(data, now)
+                if mask & selectors.EVENT_READ and data.sock is not None:
+                    self._on_node_readable(data, now)
+            if self.exit_code is not None:
+                return
+        self._tick(now)
+
+    def _tick(self, now: int) -> None:
+        if not self._owner_gone and not self._owner_alive():
+            log.warning("the owner process is gone")
+            self._owner_lost(now)
+        if self.exit_code is not None:
+            return
+        self._check_node_timeouts(now)
+        if now >= self._next_housekeeping:
+            self._next_housekeeping = now + HOUSEKEEPING_NS
+            self._housekeeping(now)
+        if self.exit_code is not None:
+            return
+        if self.phase is Phase.BOOTSTRAP and now >= self._bootstrap_deadline:
+            self._bootstrap_failed(now)
+            return
+        self._drive_metadata(now)
+        self._drive_producer_id(now)
+        self._maybe_ready()
+        self._drain(now)
+        if self.phase is Phase.CLOSING:
+            self._progress_shutdown(now)
+        self._flush_controls()
+        self._sync_interest()
+
+    def _next_wakeup(self, now: int) -> int:
+        busy = (
+            len(self.acc)
+            or self._requests_in_flight
+            or self.pool.n_waiting
+            or self.metadata.has_waiters
+            or self.phase is not Phase.RUNNING
+        )
+        at = now + (HOUSEKEEPING_NS if busy else IDLE_WAIT_NS)
+        candidates: list[int | None] = [
+            self.metadata.next_due_ns(),
+            self.acc.next_retry_ns(),
+        ]
+        candidates.extend(c.next_deadline_ns() for c in self._nodes.values())
+        if self.phase is Phase.BOOTSTRAP:
+            candidates.append(self._bootstrap_deadline)
+        if self.phase is Phase.CLOSING:
+            candidates.append(self._shutdown_deadline)
+        if self.identity.enabled and self._pid_retry_at > now:
+            candidates.append(self._pid_retry_at)
+        for c in candidates:
+            if c is not None and c < at:
+                at = c
+        return at
+
+    def _sync_interest(self) -> None:
+        """Asks for EVENT_WRITE exactly on the sockets with bytes waiting to go out."""
+        for conn in list(self._ctl.values()):
+            if not conn.closed:
+                self._set_mask(conn.sock, conn, conn.wants_write)
+        for node in self._nodes.values():
+            if node.sock is not None:
+                self._set_mask(node.sock, node, node.wants_write)
+
+    def _set_mask(self, sock: socket.socket, data: object, write: bool) -> None:
+        mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+        fd = sock.fileno()
+        old = self._masks.get(fd)
+        if old == mask:
+            return
+        try:
+            if old is None:
+                self._sel.register(sock, mask, data)
+            else:
+                self._sel.modify(sock, mask, data)
+        except KeyError:  # the selector and our map disagree (an fd number reused)
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(fd)
+            self._sel.register(sock, mask, data)
+        self._masks[fd] = mask
+
+    def _forget_socket(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        fd = sock.fileno()
+        if fd >= 0 and self._masks.pop(fd, None) is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(sock)
+
+    def _housekeeping(self, now: int) -> None:
+        """Timers checked every HOUSEKEEPING_NS: Hello timeouts, delivery timeouts, topic
+        waits."""
+        for conn in list(self._ctl.values()):
+            if not conn.authenticated and now - conn.accepted_ns > HELLO_TIMEOUT_NS:
+                log.warning("closing a control connection that sent no Hello")
+                self._drop_control(conn, now)
+        for batch in self.acc.expire(now):
+            self._expired(batch)
+        self._send_topic_answers(self.metadata.expire_waiters(now))
+
+    # =====================================================================================
+    # Control plane: workers and the owner
+    # =====================================================================================
+
+    def _accept(self, now: int) -> None:
+        for _ in range(MAX_ACCEPTS_PER_EVENT):
+            try:
+                sock, _ = self._listen.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("accept failed: %s", exc)
+                return
+            conn = ControlConn(sock, now)
+            self._ctl[conn.id] = conn
+            self._set_mask(conn.sock, conn, False)
+
+    def _post(self, conn: ControlConn, msg: ipc.Message) -> None:
+        if not conn.closed:
+            conn.queue(msg)
+            self._dirty.add(conn)
+
+    def _flush_controls(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        now = self.clock()
+        for conn in dirty:
+            if conn.closed:
+                continue
+            try:
+                conn.flush()
+            except ControlClosed as exc:
+                log.info("%r: control connection broke: %s", conn, exc)
+                self._control_gone(conn, now)
+
+    def _on_control_readable(self, conn: ControlConn, now: int) -> None:
+        try:
+            msgs = conn.read()
+        except ControlClosed:
+            self._control_gone(conn, now)
+            return
+        except ipc.IpcError as exc:
+            log.warning("%r sent a malformed control message: %s", conn, exc)
+            self._control_gone(conn, now)
+            return
+        for msg in msgs:
+            if conn.closed or self.exit_code is not None:
+                return
+            self._on_message(conn, msg, now)
+
+    def _on_message(self, conn: ControlConn, msg: ipc.Message, now: int) -> None:
+        if not conn.authenticated:
+            if isinstance(msg, ipc.Hello) and hmac.compare_digest(msg.secret, self._secret):
+                self._welcome(conn, msg)
+            else:
+                log.warning("closing a control connection: its first message was not a valid Hello")
+                self._drop_control(conn, now)
+            return
+        if isinstance(msg, ipc.Sealed):
+            self._on_sealed(conn, msg, now)
+        elif isinstance(msg, ipc.Alloc):
+            result = self.pool.alloc(conn.id, conn.slot, msg.request_id, msg.run, msg.count, now)
+            if result is not None:
+                self._send_grants([result])
+        elif isinstance(msg, ipc.Release):
+            for first in msg.buffers:
+                served = self.pool.release(conn.id, first, msg.run)
+                if served is None:
+                    log.warning("%r released buffer %d+%d it does not hold", conn, first, msg.run)
+                else:
+                    self._send_grants(served)
+        elif isinstance(msg, ipc.TopicRequest):
+            self._on_topic_request(conn, msg, now)
+        elif isinstance(msg, ipc.Bye):
+            conn.bye = True
+            self._control_gone(conn, now)
+        elif isinstance(msg, ipc.Shutdown):
+            if conn.owner:
+                self._begin_shutdown(msg.timeout_ms, now)
+            else:
+                log.warning("%r sent Shutdown; only the owner may close the producer", conn)
+        else:
+            log.warning("%r sent an unexpected %s; closing it", conn, type(msg).__name__)
+            self._control_gone(conn, now)
+
+    def _welcome(self, conn: ControlConn, hello: ipc.Hello) -> None:
+        if hello.owner and (self._owner is not None or hello.pid != self.spec.owner_pid):
+            log.warning("refusing a second or foreign owner Hello (pid %d)", hello.pid)
+            self._drop_control(conn, self.clock())
+            return
+        try:
+            slot = self._slots.index(False)
+        except ValueError:
+            self._post(
+                conn,
+                ipc.Fatal(
+                    ProducerError.code,
+                    f"too many processes attached (max_workers={self.geo.max_workers})",
+                ),
+            )
+            self._flush_controls()
+            self._drop_control(conn, self.clock())
+            return
+        self._slots[slot] = True
+        conn.slot = slot
+        conn.pid = hello.pid
+        conn.start_us = hello.start_us
+        conn.owner = hello.owner
+        self.shared.claim_worker_slot(slot, hello.pid, hello.start_us)
+        self.shared.add(L.S_WORKERS_ATTACHED, 1)
+        self._post(conn, ipc.Welcome(slot))
+        if conn.owner:
+            self._owner = conn
+            if self.phase is not Phase.BOOTSTRAP:
+                self._post(conn, ipc.Ready(0))
+        if self.phase is Phase.CLOSING:
+            self._post(conn, ipc.Fatal(ProducerClosedError.code, "the producer is closing"))
+        log.debug("attached %r", conn)
+
+    def _control_gone(self, conn: ControlConn, now: int) -> None:
+        """A control connection ended: Bye (clean) or EOF/error (the worker died)."""
+        if conn.closed:
+            return
+        self._drop_control(conn, now)
+        if not conn.authenticated:
+            return
+        died = not conn.bye
+        reclaimed, served = self.pool.reclaim(conn.id)
+        self.metadata.drop_owner(conn.id)
+        self._slots[conn.slot] = False
+        self.shared.add(L.S_WORKERS_ATTACHED, -1)
+        if died:
+            self.shared.set_worker_state(conn.slot, L.WORKER_DEAD)
+            self.shared.add(L.S_WORKERS_DIED, 1)
+            self.shared.add(L.S_BUFFERS_RECLAIMED, reclaimed)
+            log.info("%r died; %d buffers reclaimed", conn, reclaimed)
+        else:
+            self.shared.set_worker_state(conn.slot, L.WORKER_FREE)
+        self._send_grants(served)
+        if conn is self._owner:
+            self._owner_lost(now)
+
+    def _drop_control(self, conn: ControlConn, now: int) -> None:
+        self._forget_socket(conn.sock)
+        conn.close()
+        self._ctl.pop(conn.id, None)
+        self._dirty.discard(conn)
+
+    def _send_grants(self, results: Iterable[AllocResult]) -> None:
+        for r in results:
+            conn = self._ctl.get(r.owner)
+            if conn is None or conn.closed:
+                if r.buffers:  # its worker left meanwhile: take them back
+                    _, served = self.pool.reclaim(r.owner)
+                    self._send_grants(served)
+                continue
+            self._post(conn, ipc.Grant(r.request_id, r.run, r.error, r.buffers))
+
+    def _send_topic_answers(self, answers: Iterable[TopicAnswer]) -> None:
+        for a in answers:
+            if a.owner is None:
+                for conn in self._ctl.values():
+                    if conn.authenticated:
+                        self._post(conn, a.info)
+            else:
+                target = self._ctl.get(a.owner)
+                if target is not None:
+                    self._post(target, a.info)
+
+    def _on_topic_request(self, conn: ControlConn, msg: ipc.TopicRequest, now: int) -> None:
+        if self.phase is Phase.CLOSING:
+            code = ProducerClosedError.code
+        elif not 0 < len(msg.name.encode("utf-8")) <= L.MAX_TOPIC_NAME:
+            code = InvalidTopicError.code
+        else:
+            info = self.metadata.topic_request(conn.id, msg.request_id, msg.name, now)
+            if info is not None:
+                self._post(conn, info)
+            return
+        self._post(conn, ipc.TopicInfo(msg.request_id, -1, 0, code, msg.name))
+
+    # -- sealed batches ------------------------------------------------------------------
+
+    def _on_sealed(self, conn: ControlConn, msg: ipc.Sealed, now: int) -> None:
+        """A worker hands over a batch: validate it, then queue it for its partition."""
+        if not self.pool.seal(conn.id, msg.buffer, msg.run):
+            self.shared.add(L.S_BATCHES_FAILED, 1)
+            self._post(
+                conn,
+                ipc.Done(
+                    msg.batch_id,
+                    CorruptBatchError.code,
+                    -1,
+                    -1,
+                    False,
+                    f"buffer run {msg.buffer}+{msg.run} is not granted to this worker",
+                ),
+            )
+            return
+        self.shared.add(L.S_BATCHES_RECEIVED, 1)
+        problem = self._check_sealed(msg)
+        self._arrival += 1
+        batch = Batch(
+            buffer=msg.buffer,
+            run=msg.run,
+            partition_slot=msg.partition_slot,
+            batch_id=msg.batch_id,
+            length=msg.length,
+            record_count=msg.record_count,
+            origin=conn.id,
+            sealed_ns=now,
+            deadline_ns=now + self.cfg.delivery_timeout_ms * MS,
+            arrival=self._arrival,
+        )
+        if problem:
+            log.warning("%r sealed a corrupt batch: %s", conn, problem)
+            self._finish(batch, CorruptBatchError.code, message=problem)
+            return
+        self.shared.describe_batch(
+            msg.buffer,
+            L.BUF_SEALED,
+            msg.partition_slot,
+            msg.batch_id,
+            msg.length,
+            msg.record_count,
+        )
+        self.acc.append(batch)
+
+    def _check_sealed(self, msg: ipc.Sealed) -> str:
+        """Why the sealed batch cannot be sent ("" when it can): framing, CRC, counts."""
+        if self.metadata.locate(msg.partition_slot) is None:
+            return f"partition slot {msg.partition_slot} belongs to no known topic"
+        if not records.HEADER_SIZE <= msg.length <= self.geo.run_bytes(msg.run):
+            return f"length {msg.length} does not fit a run of {msg.run} buffers"
+        try:
+            hdr = records.validate_batch(self.view, self.geo.buffer(msg.buffer), msg.length)
+        except ProtocolError as exc:
+            return f"invalid record batch: {exc}"
+        if hdr.record_count != msg.record_count:
+            return f"batch holds {hdr.record_count} records, Sealed says {msg.record_count}"
+        if hdr.attributes & (records.TRANSACTIONAL_BIT | records.CONTROL_BIT):
+            return "transactional or control batch from a worker"
+        return ""
+
+    # =====================================================================================
+    # Completions
+    # =====================================================================================
+
+    def _finish(
+        self,
+        batch: Batch,
+        code: int,
+        base_offset: int = -1,
+        log_append_time_ms: int = -1,
+        *,
+        retriable: bool = False,
+        message: str = "",
+    ) -> None:
+        """The one completion of a batch: Done to the worker that sealed it (if it is
+        still attached), counters, and its buffers back to the pool."""
+        conn = self._ctl.get(batch.origin)
+        if conn is not None and not conn.closed:
+            self._post(
+                conn,
+                ipc.Done(batch.batch_id, code, base_offset, log_append_time_ms, retriable, message),
+            )
+        if code == 0:
+            self.shared.add(L.S_BATCHES_SENT, 1)
+            self.shared.add(L.S_RECORDS_SENT, batch.record_count)
+            self.shared.add(L.S_BYTES_SENT, batch.length)
+            self.shared.add_partition_sent(batch.partition_slot, batch.record_count, batch.length)
+        else:
+            self.shared.add(L.S_BATCHES_FAILED, 1)
+            if self.metadata.locate(batch.partition_slot) is not None:
+                self.shared.set_partition_error(batch.partition_slot, code)
+        self._send_grants(self.pool.free(batch.buffer, batch.run))
+
+    def _expired(self, batch: Batch) -> None:
+        if batch.sequence != NO_SEQUENCE:
+            self.identity.request_reset()
+        last = f" (last error {ec.error_name(batch.last_error)})" if batch.last_error else ""
+        self._finish(
+            batch,
+            DeliveryTimeoutError.code,
+            retriable=True,
+            message=f"not delivered within delivery_timeout_ms={self.cfg.delivery_timeout_ms}{last}",
+        )
+
+    def _on_batch_answer(self, ans: BatchAnswer, now: int) -> None:
+        batch = ans.batch
+        code = ans.code
+        if code:
+            self.shared.add(L.S_ERRORS, 1)
+            batch.last_error = code
+        d = decide(code, batch, self.identity, self.cfg.retries, now)
+        if d.action is Action.SUCCEED:
+            self.identity.acknowledge(batch)
+            self._finish(batch, 0, ans.base_offset, ans.log_append_time_ms)
+            return
+        if d.refresh_metadata:
+            self.metadata.request_refresh(now)
+        if d.action is Action.RETRY:
+            if d.reset_producer:
+                self.identity.request_reset()
+            batch.attempts += 1
+            batch.retry_at_ns = now + backoff_ns(
+                batch.attempts, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms
+            )
+            self.shared.add(L.S_RETRIES, 1)
+            self.shared.set_descriptor_state(batch.buffer, L.BUF_SEALED)
+            self.acc.requeue(batch)
+            return
+        if batch.sequence != NO_SEQUENCE:
+            self.identity.request_reset()  # its sequence is now a gap
+        detail = f"{ec.error_name(code)}: {ans.message}" if ans.message else ec.error_name(code)
+        self._finish(batch, d.code, retriable=d.retriable, message=detail)
+
+    def _request_done(self, ctx: ProduceContext) -> None:
+        self._requests_in_flight -= 1
+        self.shared.set(L.S_REQUESTS_IN_FLIGHT, self._requests_in_flight)
+        for batch in ctx.batches.values():
+            batch.in_flight = False
+            slot = batch.partition_slot
+            n = self._part_in_flight.get(slot, 1) - 1
+            if n:
+                self._part_in_flight[slot] = n
+            else:
+                self._part_in_flight.pop(slot, None)
+            self.shared.set_partition_in_flight(slot, n)
+        self._batches_in_flight -= len(ctx.batches)
+        self.shared.set(L.S_BATCHES_IN_FLIGHT, self._batches_in_flight)
+
+    # =====================================================================================
+    # Brokers
+    # =====================================================================================
+
+    def _connect(self, key: int, host: str, port: int, now: int) -> NodeConnection | None:
+        """Opens a connection under ``key`` (a node id, or -1-i for bootstrap server i)
+        unless it is in reconnect backoff."""
+        not_before = self._reconnect.get(key, (0, 0))[1]
+        if now < not_before:
+            return None
+        conn = NodeConnection(
+            key,
+            host,
+            port,
+            client_id=self.cfg.client_id,
+            request_timeout_ms=self.cfg.request_timeout_ms,
+            now_ns=now,
+        )
+        try:
+            conn.open()
+        except ConnectionLost as exc:
+            self._connection_failed(key, str(exc), now)
+            return None
+        self._nodes[key] = conn
+        assert conn.sock is not None
+        self._set_mask(conn.sock, conn, True)
+        return conn
+
+    def _connection_failed(self, key: int, reason: str, now: int) -> None:
+        failures = self._reconnect.get(key, (0, 0))[0] + 1
+        delay = backoff_ns(failures, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms)
+        self._reconnect[key] = (failures, now + delay)
+        if key < 0:
+            self._bootstrap_failures += 1
+            self._bootstrap_error = reason
+        log.info("connection %d failed: %s", key, reason)
+
+    def _node_conn(self, node: int, now: int) -> NodeConnection | None:
+        conn = self._nodes.get(node)
+        if conn is not None:
+            return conn
+        address = self.metadata.address(node)
+        if address is None:
+            self.metadata.request_refresh(now)
+            return None
+        return self._connect(node, address[0], address[1], now)
+
+    def _any_ready_conn(self, now: int) -> NodeConnection | None:
+        """The least busy ready connection; when there is none, starts one (a known
+        node, else the next bootstrap server) and returns None."""
+        best: NodeConnection | None = None
+        for conn in self._nodes.values():
+            usable = conn.ready and conn.in_flight < self.max_in_flight
+            if usable and (best is None or conn.in_flight < best.in_flight):
+                best = conn
+        if best is not None or any(
+            c.state in (ConnState.CONNECTING, ConnState.HANDSHAKE) for c in self._nodes.values()
+        ):
+            return best
+        for node in sorted(self.metadata.nodes):
+            if node not in self._nodes and self._node_conn(node, now) is not None:
+                return None
+        # Known nodes only in a short reconnect backoff: wait for them. Fall back to the
+        # bootstrap servers when none is known or every one keeps failing.
+        if any(
+            self._reconnect.get(node, (0, 0))[0] < BOOTSTRAP_FALLBACK_FAILURES
+            for node in self.metadata.nodes
+        ):
+            return None
+        i = self._bootstrap_failures % len(self._bootstrap)
+        key = -1 - i
+        if key not in self._nodes:
+            host, port = self._bootstrap[i]
+            self._connect(key, host, port, now)
+        return None
+
+    def _on_node_writable(self, conn: NodeConnection, now: int) -> None:
+        try:
+            written = conn.on_writable(now)
+        except ConnectionLost as exc:
+            self._node_lost(conn, exc, now)
+            return
+        self._on_written(written)
+
+    def _flush_node(self, conn: NodeConnection, now: int) -> None:
+        try:
+            written = conn.flush()
+        except ConnectionLost as exc:
+            self._node_lost(conn, exc, now)
+            return
+        self._on_written(written)
+
+    def _on_written(self, written: list[InFlight]) -> None:
+        """acks=0: a fully written request is the batches' completion (no offsets)."""
+        for req in written:
+            ctx = req.context
+            if isinstance(ctx, ProduceContext):
+                self._request_done(ctx)
+                for batch in ctx.batches.values():
+                    self._finish(batch, 0)
+
+    def _on_node_readable(self, conn: NodeConnection, now: int) -> None:
+        was_ready = conn.ready
+        try:
+            answers = conn.on_readable(now)
+        except ConnectionLost as exc:
+            self._node_lost(conn, exc, now)
+            return
+        if conn.ready and not was_ready:
+            self._reconnect.pop(conn.node_id, None)
+            log.debug("connected to %r", conn)
+        for req, resp in answers:
+            self._on_answer(conn, req, resp, now)
+        if conn.ready and conn.wants_write:
+            self._flush_node(conn, now)
+
+    def _check_node_timeouts(self, now: int) -> None:
+        for conn in list(self._nodes.values()):
+            try:
+                conn.check_expired(now)
+            except ConnectionLost as exc:
+                self._node_lost(conn, exc, now)
+
+    def _node_lost(self, conn: NodeConnection, exc: ConnectionLost, now: int) -> None:
+        """Closes ``conn``; its produce requests come back as retriable errors."""
+        key = conn.node_id
+        self._forget_socket(conn.sock)
+        lost = conn.close()
+        if self._nodes.get(key) is conn:
+            del self._nodes[key]
+        self._connection_failed(key, str(exc), now)
+        code = ec.REQUEST_TIMED_OUT if exc.timed_out else ec.NETWORK_EXCEPTION
+        for req in lost:
+            self._request_lost(req, code, str(exc), now)
+        if self.metadata.bootstrapped:
+            self.metadata.request_refresh(now)
+
+    def _request_lost(self, req: InFlight, code: int, reason: str, now: int) -> None:
+        ctx = req.context
+        if isinstance(ctx, ProduceContext):
+            self._request_done(ctx)
+            for batch in ctx.batches.values():
+                self._on_batch_answer(BatchAnswer(batch, code, message=reason), now)
+        elif ctx is _METADATA:
+            self.metadata.on_failure(now)
+        elif ctx is _PRODUCER_ID:
+            self._pid_in_flight = False
+            self._pid_failed(now)
+
+    def _on_answer(self, conn: NodeConnection, req: InFlight, resp: Response, now: int) -> None:
+        ctx = req.context
+        if isinstance(ctx, ProduceContext):
+            assert isinstance(resp, ProduceResponse)
+            self._request_done(ctx)
+            for ans in match_response(ctx, resp):
+                self._on_batch_answer(ans, now)
+        elif ctx is _METADATA:
+            assert isinstance(resp, MetadataResponse)
+            self._send_topic_answers(self.metadata.on_response(resp, now))
+            self._adopt_bootstrap_connections()
+        elif ctx is _PRODUCER_ID:
+            assert isinstance(resp, InitProducerIdResponse)
+            self._on_producer_id(resp, now)
+
+    def _adopt_bootstrap_connections(self) -> None:
+        """A bootstrap connection to a node's advertised address becomes that node's
+        connection (tansu is fastest over one connection); others close when idle."""
+        by_address = {addr: node for node, addr in self.metadata.nodes.items()}
+        for key in [k for k in self._nodes if k < 0]:
+            conn = self._nodes[key]
+            node = by_address.get((conn.host, conn.port))
+            if node is not None and node not in self._nodes:
+                del self._nodes[key]
+                conn.node_id = node
+                self._nodes[node] = conn
+            elif conn.in_flight == 0:
+                del self._nodes[key]
+                self._forget_socket(conn.sock)
+                conn.close()
+
+    # -- metadata and producer id --------------------------------------------------------
+
+    def _drive_metadata(self, now: int) -> None:
+        if not self.metadata.due(now):
+            return
+        conn = self._any_ready_conn(now)
+        if conn is None:
+            return
+        try:
+            req = self.metadata.build_request()
+            conn.send(req, MetadataResponse, _METADATA, now)
+        except UnsupportedVersionError as exc:
+            self.metadata.on_failure(now)
+            self._bootstrap_error = str(exc)
+            log.error("%s", exc)
+            return
+        self.shared.add(L.S_METADATA_REFRESHES, 1)
+        self._flush_node(conn, now)
+
+    def _drive_producer_id(self, now: int) -> None:
+        ident = self.identity
+        if not ident.enabled or self._pid_in_flight or now < self._pid_retry_at:
+            return
+        if ident.has_id and not (ident.reset_pending and self._requests_in_flight == 0):
+            return
+        if not self.metadata.bootstrapped:
+            return
+        conn = self._any_ready_conn(now)
+        if conn is None:
+            return
+        try:
+            conn.send(InitProducerIdRequest(), InitProducerIdResponse, _PRODUCER_ID, now)
+        except UnsupportedVersionError as exc:
+            self._bootstrap_error = f"InitProducerId: {exc}"
+            self._pid_failed(now)
+            return
+        self._pid_in_flight = True
+        self._flush_node(conn, now)
+
+    def _on_producer_id(self, resp: InitProducerIdResponse, now: int) -> None:
+        self._pid_in_flight = False
+        if resp.error_code:
+            self._bootstrap_error = f"InitProducerId answered {ec.error_name(resp.error_code)}"
+            log.warning("%s", self._bootstrap_error)
+            self._pid_failed(now)
+            return
+        self._pid_failures = 0
+        self.identity.set_identity(resp.producer_id, resp.producer_epoch)
+        self.acc.clear_sequences()
+        log.info("producer id %d epoch %d", resp.producer_id, resp.producer_epoch)
+
+    def _pid_failed(self, now: int) -> None:
+        self._pid_failures += 1
+        self._pid_retry_at = now + backoff_ns(
+            self._pid_failures, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms
+        )
+
+    def _maybe_ready(self) -> None:
+        if self.phase is not Phase.BOOTSTRAP or not self.metadata.bootstrapped:
+            return
+        if self.identity.enabled and not self.identity.has_id:
+            return
+        self.phase = Phase.RUNNING
+        self.shared.set_state(L.STATE_RUNNING)
+        if self._owner is not None:
+            self._post(self._owner, ipc.Ready(0))
+        log.info("ready")
+
+    def _bootstrap_failed(self, now: int) -> None:
+        code = MetadataTimeoutError.code
+        message = (
+            f"no broker of {self.cfg.bootstrap_servers!r} answered within "
+            f"max_block_ms={self.cfg.max_block_ms}"
+        )
+        if self._bootstrap_error:
+            message += f" (last error: {self._bootstrap_error})"
+        log.error("%s", message)
+        self.shared.set_state(L.STATE_FAILED, code)
+        for conn in list(self._ctl.values()):
+            if conn.authenticated:
+                if conn is self._owner:
+                    self._post(conn, ipc.Ready(code, message))
+                self._post(conn, ipc.Fatal(code, message))
+        self._abort_all(code, message)
+        self._flush_controls_bounded()
+        self.exit_code = lifecycle.EXIT_BOOTSTRAP_FAILED
+
+    # -- drain ---------------------------------------------------------------------------
+
+    def _drain(self, now: int) -> None:
+        if self.phase is Phase.BOOTSTRAP or not len(self.acc) or not self.identity.can_drain:
+            return
+        by_node, no_leader = self.drainer.ready_by_leader(
+            self.acc, self.metadata.leader, self._part_in_flight, now
+        )
+        if no_leader:
+            self.metadata.request_refresh(now)
+        for node, slots in by_node.items():
+            conn = self._node_conn(node, now)
+            if conn is None or not conn.ready:
+                continue
+            while conn.ready and conn.in_flight < self.max_in_flight:
+                batches = self.drainer.drain(node, slots, self.acc, self._part_in_flight, now)
+                if not batches:
+                    break
+                self._send_produce(conn, batches, now)
+
+    def _send_produce(self, conn: NodeConnection, batches: list[Batch], now: int) -> None:
+        """Assigns sequences (idempotence), then queues one ProduceRequest and writes it."""
+        ident = self.identity
+        if ident.enabled:
+            ok: list[Batch] = []
+            for batch in batches:
+                try:
+                    if ident.assign(batch):
+                        records.patch_producer_state(
+                            self.view,
+                            self.geo.buffer(batch.buffer),
+                            ident.producer_id,
+                            ident.producer_epoch,
+                            batch.sequence,
+                        )
+                except ProtocolError as exc:
+                    self._finish(batch, CorruptBatchError.code, message=str(exc))
+                    continue
+                ok.append(batch)
+            batches = ok
+            if not batches:
+                return
+        view = self.view
+        geo = self.geo
+
+        def records_of(b: Batch) -> memoryview:
+            off = geo.buffer(b.buffer)
+            return view[off : off + b.length]
+
+        def locate(slot: int) -> tuple[str, int]:
+            where = self.metadata.locate(slot)
+            assert where is not None  # checked when sealed; slots are never unmapped
+            return where
+
+        req, ctx = build_request(
+            conn.node_id,
+            batches,
+            locate,
+            records_of,
+            acks=self.cfg.acks,
+            timeout_ms=self.cfg.request_timeout_ms,
+        )
+        try:
+            conn.send(req, ProduceResponse if self.cfg.acks != 0 else None, ctx, now)
+        except UnsupportedVersionError as exc:
+            for batch in batches:
+                self._finish(batch, ec.UNSUPPORTED_VERSION, message=str(exc))
+            return
+        for batch in batches:
+            batch.in_flight = True
+            slot = batch.partition_slot
+            n = self._part_in_flight.get(slot, 0) + 1
+            self._part_in_flight[slot] = n
+            self.shared.set_partition_in_flight(slot, n)
+            self.shared.set_descriptor_state(batch.buffer, L.BUF_IN_FLIGHT)
+        self._requests_in_flight += 1
+        self._batches_in_flight += len(batches)
+        self.shared.add(L.S_REQUESTS_SENT, 1)
+        self.shared.set(L.S_REQUESTS_IN_FLIGHT, self._requests_in_flight)
+        self.shared.set(L.S_BATCHES_IN_FLIGHT, self._batches_in_flight)
+        self._flush_node(conn, now)
+
+    # =====================================================================================
+    # Endings
+    # =====================================================================================
+
+    def _begin_shutdown(self, timeout_ms: int, now: int) -> None:
+        """The owner's Shutdown: stop granting, send what is queued until the deadline."""
+        if self.phase is Phase.CLOSING:
+            return
+        was_bootstrapping = self.phase is Phase.BOOTSTRAP
+        self.phase = Phase.CLOSING
+        self._shutdown_deadline = now + timeout_ms * MS
+        if was_bootstrapping:
+            self._shutdown_deadline = now  # nothing can be sent: finish at once
+        self.shared.set_state(L.STATE_CLOSING)
+        self._send_grants(self.pool.close())
+        self._send_topic_answers(self.metadata.fail_waiters(ProducerClosedError.code))
+        log.info("shutting down (timeout %d ms)", timeout_ms)
+
+    def _progress_shutdown(self, now: int) -> None:
+        idle = not len(self.acc) and not self._requests_in_flight
+        if not idle and now < self._shutdown_deadline:
+            return
+        code = ProducerClosedError.code
+        self._abort_all(code, "the producer closed before this batch was delivered")
+        for conn in list(self._ctl.values()):
+            if conn.authenticated:
+                self._post(conn, ipc.Fatal(code, "the producer is closed"))
+        self._flush_controls_bounded()
+        self.shared.set_state(L.STATE_CLOSED)
+        if self._owner_gone:
+            lifecycle.remove_producer_files(self.spec.segment, self.spec.socket_path)
+        self.exit_code = lifecycle.EXIT_OK
+        log.info("closed")
+
+    def _owner_lost(self, now: int) -> None:
+        """The owner's connection ended without Shutdown, or its process is gone."""
+        if self._owner_gone:
+            return
+        self._owner_gone = True
+        if self.phase is Phase.CLOSING:
+            return  # finish the shutdown, then remove the files the owner would have
+        code = OwnerDiedError.code
+        message = "the process that created the producer died"
+        log.warning("%s: shutting down and removing the segment", message)
+        self._send_grants(self.pool.close())
+        self._send_topic_answers(self.metadata.fail_waiters(code))
+        self._abort_all(code, message)
+        for conn in list(self._ctl.values()):
+            if conn.authenticated:
+                self._post(conn, ipc.Fatal(code, message))
+        self._flush_controls_bounded()
+        self.shared.set_state(L.STATE_FAILED, code)
+        lifecycle.remove_producer_files(self.spec.segment, self.spec.socket_path)
+        self.exit_code = lifecycle.EXIT_OWNER_DIED
+
+    def _abort_all(self, code: int, message: str) -> None:
+        """Completes every batch in flight or queued with ``code``."""
+        for conn in list(self._nodes.values()):
+            self._forget_socket(conn.sock)
+            for req in conn.close():
+                ctx = req.context
+                if isinstance(ctx, ProduceContext):
+                    self._request_done(ctx)
+                    for batch in ctx.batches.values():
+                        self._finish(batch, code, message=message)
+        self._nodes.clear()
+        for batch in self.acc.remove_all():
+            self._finish(batch, code, message=message)
+
+    def _crash(self, exc: BaseException) -> None:
+        """An unexpected error: every worker gets Fatal (no future may hang)."""
+        log.critical("sender failed", exc_info=exc)
+        code = ProducerError.code
+        message = f"the sender process failed: {type(exc).__name__}: {exc}"
+        with contextlib.suppress(Exception):
+            self.shared.set_state(L.STATE_FAILED, code)
+        for conn in list(self._ctl.values()):
+            if conn.authenticated and not conn.closed:
+                with contextlib.suppress(Exception):
+                    if conn is self._owner and self.phase is Phase.BOOTSTRAP:
+                        conn.queue(ipc.Ready(code, message))
+                    conn.queue(ipc.Fatal(code, message))
+                    self._dirty.add(conn)
+        with contextlib.suppress(Exception):
+            self._flush_controls_bounded()
+
+    def _flush_controls_bounded(self) -> None:
+        """Writes pending control messages, waiting at most EXIT_FLUSH_NS in total."""
+        deadline = self.clock() + EXIT_FLUSH_NS
+        pending = [c for c in self._ctl.values() if c.wants_write]
+        while pending:
+            for conn in pending:
+                try:
+                    conn.flush()
+                except ControlClosed:
+                    conn.close()
+            pending = [c for c in pending if c.wants_write]
+            if not pending or self.clock() >= deadline:
+                return
+            time.sleep(0.002)
+
+    def _close_everything(self) -> None:
+        for node in list(self._nodes.values()):
+            node.close()
+        self._nodes.clear()
+        for conn in list(self._ctl.values()):
+            conn.close()
+        self._ctl.clear()
+        with contextlib.suppress(Exception):
+            self._sel.close()
+        with contextlib.suppress(OSError):
+            self._listen.close()

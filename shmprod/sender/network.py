@@ -1,0 +1,364 @@
+"""Non-blocking broker connections for the sender's selector loop.
+
+One :class:`NodeConnection` per broker node (and one per bootstrap server until the
+cluster's nodes are known). Lifecycle: CONNECTING (non-blocking ``connect``) ->
+HANDSHAKE (ApiVersions v3, falling back to the version the broker offers, KIP-511) ->
+READY -> CLOSED. Requests are pipelined; the loop caps them at
+``max_in_flight_requests_per_connection``.
+
+Writes are gathered: each request is a list of segments (our header bytes, then
+memoryviews of shared-memory batches, never copied) written with ``socket.sendmsg`` and
+resumed after partial writes. Reads go through a :class:`FrameDecoder`; Kafka answers
+in request order, so a response whose correlation id is not the oldest outstanding one
+is a protocol error.
+
+Every request carries a deadline (``request_timeout_ms`` from when it was queued); the
+loop asks :meth:`NodeConnection.expired` and closes a connection whose oldest request is
+late. Any failure raises :class:`ConnectionLost`; :meth:`NodeConnection.close` then
+returns every request still outstanding so the loop can fail or retry it.
+
+Host names are resolved with a blocking ``getaddrinfo`` (instant for IP literals and
+``/etc/hosts`` names; a slow DNS server would stall the loop for that long).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import socket
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from shmprod import __version__
+from shmprod.errors import DecodeError, ProtocolError
+from shmprod.protocol import error_codes as ec
+from shmprod.protocol.frames import (
+    ApiKey,
+    FrameDecoder,
+    UnsupportedVersionError,
+    peek_correlation_id,
+)
+from shmprod.protocol.messages import (
+    SUPPORTED_VERSIONS,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    Request,
+    Response,
+    choose_version,
+    decode_response,
+    encode_request_segments,
+)
+
+IOV_MAX = 1024
+RECV_SIZE = 1 << 20
+MAX_READS_PER_EVENT = 8
+MS = 1_000_000
+
+
+class ConnectionLost(Exception):
+    """The connection failed and must be closed (refused, reset, EOF, bad bytes, late)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class ConnState(IntEnum):
+    CONNECTING = 0
+    HANDSHAKE = 1
+    READY = 2
+    CLOSED = 3
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """A request queued or written and not yet answered (or, for acks=0, not yet
+    written). ``context`` is the loop's: batches of a produce request, a marker for
+    metadata or InitProducerId."""
+
+    correlation_id: int
+    api_key: int
+    version: int
+    response_cls: type[Response] | None  # None: the broker will not answer (acks=0)
+    context: Any
+    deadline_ns: int
+    written: bool = False
+
+
+_HANDSHAKE = object()
+
+
+def _flat(segment: bytes | memoryview) -> memoryview:
+    """A segment as a flat unsigned-byte memoryview (no copy)."""
+    view = segment if isinstance(segment, memoryview) else memoryview(segment)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class NodeConnection:
+    """One non-blocking TCP connection. Runs in: sender (the loop thread only)."""
+
+    def __init__(
+        self,
+        node_id: int,
+        host: str,
+        port: int,
+        *,
+        client_id: str,
+        request_timeout_ms: int,
+        now_ns: int,
+    ) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.client_id = client_id
+        self.request_timeout_ns = request_timeout_ms * MS
+        self.state = ConnState.CONNECTING
+        self.api_versions: dict[int, tuple[int, int]] = {}
+        self.sock: socket.socket | None = None
+        self._connect_deadline_ns = now_ns + self.request_timeout_ns
+        self._decoder = FrameDecoder()
+        self._correlation = itertools.count(1)
+        self._pending: dict[int, InFlight] = {}
+        # (segment, request, last segment of that request)
+        self._out: deque[tuple[memoryview, InFlight, bool]] = deque()
+        self._apiversions_version = ApiVersionsRequest.VERSIONS[1]
+
+    def __repr__(self) -> str:
+        return f"NodeConnection(node={self.node_id}, {self.host}:{self.port}, {self.state.name})"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Starts a non-blocking connect. Raises ConnectionLost if it fails at once."""
+        try:
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ConnectionLost(f"cannot resolve {self.host}:{self.port}: {exc}") from None
+        family, socktype, proto, _, addr = infos[0]
+        sock = socket.socket(family, socktype, proto)
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            err = sock.connect_ex(addr)
+        except OSError as exc:
+            sock.close()
+            raise ConnectionLost(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            sock.close()
+            raise ConnectionLost(
+                f"cannot connect to {self.host}:{self.port}: {errno.errorcode.get(err, err)}"
+            )
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    @property
+    def ready(self) -> bool:
+        return self.state == ConnState.READY
+
+    @property
+    def in_flight(self) -> int:
+        """Requests queued or awaiting an answer (the handshake excluded)."""
+        return len(self._pending) - (1 if self.state == ConnState.HANDSHAKE else 0)
+
+    @property
+    def wants_write(self) -> bool:
+        return self.state == ConnState.CONNECTING or bool(self._out)
+
+    def close(self) -> list[InFlight]:
+        """Closes the socket; returns every request not answered (handshake excluded)."""
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+        self.state = ConnState.CLOSED
+        lost = [r for r in self._pending.values() if r.context is not _HANDSHAKE]
+        self._pending.clear()
+        self._out.clear()  # drops every memoryview of shared memory it held
+        return lost
+
+    # -- timers --------------------------------------------------------------------------
+
+    def next_deadline_ns(self) -> int | None:
+        if self.state in (ConnState.CONNECTING, ConnState.HANDSHAKE):
+            return self._connect_deadline_ns
+        for req in self._pending.values():
+            return req.deadline_ns
+        return None
+
+    def check_expired(self, now_ns: int) -> None:
+        """Raises ConnectionLost(timed_out=True) if connecting or the oldest request is late."""
+        if self.state in (ConnState.CONNECTING, ConnState.HANDSHAKE):
+            if now_ns >= self._connect_deadline_ns:
+                raise ConnectionLost(
+                    f"connecting to {self.host}:{self.port} timed out", timed_out=True
+                )
+            return
+        for req in self._pending.values():
+            if now_ns >= req.deadline_ns:
+                raise ConnectionLost(
+                    f"request to node {self.node_id} ({self.host}:{self.port}) timed out",
+                    timed_out=True,
+                )
+            return
+
+    # -- versions ------------------------------------------------------------------------
+
+    def version_for(self, api_key: int) -> int:
+        """Highest version of ``api_key`` both sides speak (UnsupportedVersionError if none)."""
+        theirs = self.api_versions.get(api_key)
+        if theirs is None:
+            raise UnsupportedVersionError(
+                f"broker {self.host}:{self.port} does not offer api key {api_key}", api_key=api_key
+            )
+        return choose_version(api_key, *theirs, ours=SUPPORTED_VERSIONS.get(api_key))
+
+    # -- sending -------------------------------------------------------------------------
+
+    def send(
+        self,
+        request: Request,
+        response_cls: type[Response] | None,
+        context: Any,
+        now_ns: int,
+        version: int | None = None,
+    ) -> InFlight:
+        """Queues ``request`` (written by :meth:`flush`). ``response_cls`` None: no answer
+        is expected (acks=0); the request completes once written."""
+        if version is None:
+            version = self.version_for(request.API_KEY)
+        corr = next(self._correlation) & 0x7FFFFFFF
+        segments = encode_request_segments(request, version, corr, self.client_id)
+        req = InFlight(
+            corr, request.API_KEY, version, response_cls, context, now_ns + self.request_timeout_ns
+        )
+        self._pending[corr] = req
+        views = [_flat(s) for s in segments if len(s)]
+        for i, v in enumerate(views):
+            self._out.append((v, req, i == len(views) - 1))
+        return req
+
+    def flush(self) -> list[InFlight]:
+        """Writes as much as the socket takes. Returns the requests that needed no
+        answer and are now fully written (acks=0). Raises ConnectionLost."""
+        sock = self.sock
+        out = self._out
+        done: list[InFlight] = []
+        if sock is None or self.state == ConnState.CONNECTING:
+            return done
+        while out:
+            views = [seg for seg, _, _ in itertools.islice(out, IOV_MAX)]
+            want = sum(len(v) for v in views)
+            try:
+                sent = sock.sendmsg(views)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                raise ConnectionLost(f"send to {self.host}:{self.port} failed: {exc}") from None
+            full = sent < want  # the socket buffer is full: wait for EVENT_WRITE
+            while sent:
+                seg, req, last = out[0]
+                if sent < len(seg):
+                    out[0] = (seg[sent:], req, last)
+                    break
+                sent -= len(seg)
+                out.popleft()
+                if last:
+                    req.written = True
+                    if req.response_cls is None:
+                        self._pending.pop(req.correlation_id, None)
+                        done.append(req)
+            if full:
+                break
+        return done
+
+    # -- events --------------------------------------------------------------------------
+
+    def on_writable(self, now_ns: int) -> list[InFlight]:
+        """Finishes a connect (then starts the handshake) and writes what is queued."""
+        if self.state == ConnState.CONNECTING:
+            assert self.sock is not None
+            err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise ConnectionLost(
+                    f"cannot connect to {self.host}:{self.port}: {errno.errorcode.get(err, err)}"
+                )
+            self.state = ConnState.HANDSHAKE
+            self._send_api_versions(now_ns)
+        return self.flush()
+
+    def on_readable(self, now_ns: int) -> list[tuple[InFlight, Response]]:
+        """Reads what arrived; returns the decoded answers to the loop's requests."""
+        sock = self.sock
+        if sock is None:
+            return []
+        answers: list[tuple[InFlight, Response]] = []
+        for _ in range(MAX_READS_PER_EVENT):
+            try:
+                data = sock.recv(RECV_SIZE)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                raise ConnectionLost(f"receive from {self.host}:{self.port}: {exc}") from None
+            if not data:
+                raise ConnectionLost(f"{self.host}:{self.port} closed the connection")
+            try:
+                frames = self._decoder.feed(data)
+            except DecodeError as exc:
+                raise ConnectionLost(f"bad frame from {self.host}:{self.port}: {exc}") from None
+            for payload in frames:
+                answer = self._on_frame(payload, now_ns)
+                if answer is not None:
+                    answers.append(answer)
+            if len(data) < RECV_SIZE:
+                break
+        return answers
+
+    def _on_frame(self, payload: bytes, now_ns: int) -> tuple[InFlight, Response] | None:
+        try:
+            corr = peek_correlation_id(payload)
+        except ProtocolError as exc:
+            raise ConnectionLost(f"bad response from {self.host}:{self.port}: {exc}") from None
+        req = self._pending.pop(corr, None)
+        if req is None or req.response_cls is None:
+            raise ConnectionLost(
+                f"response with unexpected correlation id {corr} from {self.host}:{self.port}"
+            )
+        try:
+            _, resp = decode_response(req.response_cls, payload, req.version)
+        except ProtocolError as exc:
+            raise ConnectionLost(
+                f"undecodable answer to api {req.api_key} v{req.version} from "
+                f"{self.host}:{self.port}: {exc}"
+            ) from None
+        if req.context is _HANDSHAKE:
+            assert isinstance(resp, ApiVersionsResponse)
+            self._on_api_versions(resp, now_ns)
+            return None
+        return req, resp
+
+    # -- handshake -----------------------------------------------------------------------
+
+    def _send_api_versions(self, now_ns: int) -> None:
+        req = ApiVersionsRequest(
+            client_software_name="shmprod", client_software_version=__version__
+        )
+        self.send(req, ApiVersionsResponse, _HANDSHAKE, now_ns, self._apiversions_version)
+
+    def _on_api_versions(self, resp: ApiVersionsResponse, now_ns: int) -> None:
+        offered = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+        if resp.error_code == ec.UNSUPPORTED_VERSION and ApiKey.API_VERSIONS in offered:
+            lower = min(self._apiversions_version - 1, offered[ApiKey.API_VERSIONS][1])
+            if lower < 0:
+                raise ConnectionLost(f"{self.host}:{self.port}: no common ApiVersions version")
+            self._apiversions_version = lower
+            self._send_api_versions(now_ns)
+            return
+        if resp.error_code:
+            raise ConnectionLost(
+                f"ApiVersions from {self.host}:{self.port} answered {ec.error_name(resp.error_code)}"
+            )
+        self.api_versions = offered
+        self.state = ConnState.READY

@@ -1,0 +1,82 @@
+"""What to do with a batch's answer: succeed, retry (after a backoff), reset, or fail.
+
+Pure functions: the error code, the batch, the producer identity and ``now_ns`` in, a
+decision out. The loop applies it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import Enum
+
+from shmprod.errors import DeliveryTimeoutError
+from shmprod.protocol import error_codes as ec
+from shmprod.sender.batch import Batch
+from shmprod.sender.idempotence import ProducerIdentity
+
+MS = 1_000_000
+
+
+class Action(Enum):
+    SUCCEED = "succeed"
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    code: int  # the code to report when failing (Kafka's, or a shmprod one)
+    retriable: bool = False  # reported with a failure: could a later send succeed?
+    refresh_metadata: bool = False
+    reset_producer: bool = False
+
+
+def decide(
+    code: int, batch: Batch, identity: ProducerIdentity, retries: int, now_ns: int
+) -> Decision:
+    """The decision for ``batch`` answered with ``code`` (0 = written).
+
+    - 0, and 46 DUPLICATE_SEQUENCE_NUMBER when idempotent: success.
+    - 45 OUT_OF_ORDER_SEQUENCE_NUMBER: fallout of an earlier batch's failure (retry), or
+      when the batch is the first unacknowledged one, a broken sequence: retry under a
+      new producer id (reset). 59 UNKNOWN_PRODUCER_ID: the same reset.
+    - Retriable codes (protocol.error_codes): retry, refreshing metadata when the code
+      calls for it, while ``attempts < retries`` and the delivery deadline has not
+      passed; then fail with the code (deadline passed: DeliveryTimeoutError's code).
+    - Anything else (10 MESSAGE_TOO_LARGE included, for now): fail with the code.
+    """
+    if code == ec.NONE or (code == ec.DUPLICATE_SEQUENCE_NUMBER and identity.enabled):
+        return Decision(Action.SUCCEED, 0)
+    reset = False
+    if identity.enabled and code == ec.OUT_OF_ORDER_SEQUENCE_NUMBER:
+        reset = identity.is_next_expected(batch)
+        retriable = True
+    elif identity.enabled and code == ec.UNKNOWN_PRODUCER_ID:
+        reset = True
+        retriable = True
+    else:
+        retriable = ec.is_retriable(code)
+    if not retriable:
+        return Decision(Action.FAIL, code)
+    if now_ns >= batch.deadline_ns:
+        return Decision(Action.FAIL, DeliveryTimeoutError.code, retriable=True)
+    if batch.attempts >= retries:
+        return Decision(Action.FAIL, code, retriable=True)
+    return Decision(
+        Action.RETRY,
+        code,
+        retriable=True,
+        refresh_metadata=ec.needs_metadata_refresh(code),
+        reset_producer=reset,
+    )
+
+
+def backoff_ns(attempts: int, base_ms: int, max_ms: int, rng: random.Random | None = None) -> int:
+    """Exponential backoff with +-20% jitter: base * 2^(attempts-1), capped at ``max_ms``."""
+    if attempts <= 0 or base_ms <= 0:
+        return 0
+    term = base_ms * (2 ** min(attempts - 1, 32))
+    jitter = (rng or random).uniform(0.8, 1.2)
+    return int(min(term * jitter, max(max_ms, base_ms)) * MS)

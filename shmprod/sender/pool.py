@@ -1,0 +1,222 @@
+"""The buffer pool's free list, grants and waiting allocations: sender memory only.
+
+The sender owns every FREE buffer. A worker asks ``Alloc(request_id, run, count)``: count
+runs of ``run`` adjacent buffers each. The answer is all or nothing: one ``Grant`` with
+``count`` first-buffers, or a refusal (``error`` set), never a partial grant.
+
+Allocation policy (documented contract):
+
+- First fit: the lowest-numbered free run that fits. The free map is a ``bytearray``
+  (1 = free) so ``find`` scans it in C; single buffers come from the low end, which keeps
+  the high end contiguous for large runs.
+- Waiting requests form ONE strict FIFO. A request is served only when every request
+  before it has been served. A large run at the head therefore holds back single-buffer
+  requests behind it until enough adjacent buffers free up: runs are never starved by a
+  stream of small requests (Java's BufferPool does the same with its waiter deque). The
+  price is head-of-line blocking while a large run waits; the workers bound every wait
+  with ``max_block_ms``.
+- A request that can never be satisfied is refused at once: a run longer than the pool
+  (RecordTooLargeError code) or more buffers in total than the pool holds
+  (BufferExhaustedError code: ask in smaller chunks).
+
+Grants are tracked per worker connection (``owner``) so a dead worker's unsealed
+buffers come back (:meth:`BufferPool.reclaim`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from shmprod import layout as L
+from shmprod.errors import BufferExhaustedError, ProducerClosedError, RecordTooLargeError
+from shmprod.sender.shmstate import SharedState
+
+FREE = 1
+USED = 0
+
+
+@dataclass(slots=True)
+class AllocResult:
+    """A Grant to send: to connection ``owner``, for its request ``request_id``."""
+
+    owner: int
+    request_id: int
+    run: int
+    error: int
+    buffers: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class _Waiter:
+    owner: int
+    owner_slot: int
+    request_id: int
+    run: int
+    count: int
+    since_ns: int
+
+
+class BufferPool:
+    """Free list + grants + FIFO of waiters. Runs in: sender (its own memory; DESCRIPTOR
+    and STATS writes go through :class:`SharedState`, no lock needed)."""
+
+    def __init__(self, shared: SharedState) -> None:
+        self._shared = shared
+        self.n_buffers = shared.geo.n_buffers
+        self._free = bytearray([FREE]) * self.n_buffers
+        self._n_free = self.n_buffers
+        self._waiters: deque[_Waiter] = deque()
+        # owner -> {first buffer: run} of runs granted and not yet sealed or released
+        self._grants: dict[int, dict[int, int]] = {}
+        self.closed = False
+        for b in range(self.n_buffers):
+            shared.describe_run(b, 1, L.BUF_FREE, -1)
+        self._publish()
+
+    # -- queries -------------------------------------------------------------------------
+
+    @property
+    def n_free(self) -> int:
+        return self._n_free
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiters)
+
+    def granted(self, owner: int) -> dict[int, int]:
+        """The runs (first -> run) currently granted to ``owner``."""
+        return dict(self._grants.get(owner, {}))
+
+    def is_free(self, buffer: int) -> bool:
+        return self._free[buffer] == FREE
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def alloc(
+        self, owner: int, owner_slot: int, request_id: int, run: int, count: int, now_ns: int
+    ) -> AllocResult | None:
+        """Grants now, refuses now, or queues the request (returns None: answered later
+        from :meth:`free`)."""
+        if self.closed:
+            return AllocResult(owner, request_id, run, ProducerClosedError.code)
+        if run < 1 or count < 1 or run > self.n_buffers:
+            return AllocResult(owner, request_id, run, RecordTooLargeError.code)
+        if run * count > self.n_buffers:
+            return AllocResult(owner, request_id, run, BufferExhaustedError.code)
+        if not self._waiters:
+            firsts = self._take(run, count)
+            if firsts is not None:
+                return self._grant(owner, owner_slot, request_id, run, firsts)
+        self._waiters.append(_Waiter(owner, owner_slot, request_id, run, count, now_ns))
+        self._publish()
+        return None
+
+    def _take(self, run: int, count: int) -> list[int] | None:
+        """First-fit ``count`` runs of ``run``; marks them used, or takes nothing."""
+        if self._n_free < run * count:
+            return None
+        free = self._free
+        pattern = bytes([FREE]) * run
+        firsts: list[int] = []
+        pos = 0
+        while len(firsts) < count:
+            first = free.find(pattern, pos)
+            if first < 0:
+                for f in firsts:  # undo: all or nothing
+                    free[f : f + run] = pattern
+                return None
+            free[first : first + run] = bytes(run)
+            firsts.append(first)
+            pos = first + run
+        self._n_free -= run * count
+        return firsts
+
+    def _grant(
+        self, owner: int, owner_slot: int, request_id: int, run: int, firsts: list[int]
+    ) -> AllocResult:
+        grants = self._grants.setdefault(owner, {})
+        for first in firsts:
+            grants[first] = run
+            self._shared.describe_run(first, run, L.BUF_GRANTED, owner_slot)
+        self._publish()
+        return AllocResult(owner, request_id, run, 0, tuple(firsts))
+
+    def _serve(self) -> list[AllocResult]:
+        """Serves waiters from the head while they fit (strict FIFO)."""
+        out: list[AllocResult] = []
+        while self._waiters:
+            w = self._waiters[0]
+            firsts = self._take(w.run, w.count)
+            if firsts is None:
+                break
+            self._waiters.popleft()
+            out.append(self._grant(w.owner, w.owner_slot, w.request_id, w.run, firsts))
+        if not out:
+            self._publish()
+        return out
+
+    # -- ownership changes ---------------------------------------------------------------
+
+    def seal(self, owner: int, first: int, run: int) -> bool:
+        """A worker hands ``first`` (a run of ``run`` it was granted) to the sender.
+
+        Returns False, changing nothing, if that exact run is not granted to ``owner``.
+        """
+        grants = self._grants.get(owner)
+        if grants is None or grants.get(first) != run:
+            return False
+        del grants[first]
+        return True
+
+    def release(self, owner: int, first: int, run: int) -> list[AllocResult] | None:
+        """A worker gives a granted run back unused; None if it was not granted to it."""
+        if not self.seal(owner, first, run):
+            return None
+        return self.free(first, run)
+
+    def free(self, first: int, run: int) -> list[AllocResult]:
+        """Returns a run the sender owns to the free list; answers the waiters it unblocks."""
+        free = self._free
+        if any(free[first : first + run]):
+            raise ValueError(f"double free of buffer run {first}+{run}")
+        free[first : first + run] = bytes([FREE]) * run
+        self._n_free += run
+        self._shared.describe_run(first, run, L.BUF_FREE, -1)
+        return self._serve()
+
+    def reclaim(self, owner: int) -> tuple[int, list[AllocResult]]:
+        """Takes back every run granted to ``owner`` and drops its waiting requests.
+
+        Returns (buffers reclaimed, grants now possible for others). Runs in: sender,
+        after ``owner``'s control connection ended (a dead worker, or Bye).
+        """
+        self.drop_waiters(owner)
+        grants = self._grants.pop(owner, {})
+        n = 0
+        served: list[AllocResult] = []
+        for first, run in sorted(grants.items()):
+            n += run
+            served.extend(self.free(first, run))
+        served.extend(self._serve())
+        return n, served
+
+    def drop_waiters(self, owner: int) -> None:
+        if any(w.owner == owner for w in self._waiters):
+            self._waiters = deque(w for w in self._waiters if w.owner != owner)
+            self._publish()
+
+    def close(self) -> list[AllocResult]:
+        """Stops granting: every waiter is refused with ProducerClosedError's code."""
+        self.closed = True
+        out = [
+            AllocResult(w.owner, w.request_id, w.run, ProducerClosedError.code)
+            for w in self._waiters
+        ]
+        self._waiters.clear()
+        self._publish()
+        return out
+
+    def _publish(self) -> None:
+        self._shared.set(L.S_BUFFERS_FREE, self._n_free)
+        self._shared.set(L.S_ALLOC_WAITERS, len(self._waiters))

@@ -1,0 +1,171 @@
+"""Every write the sender makes to shared memory, in one place.
+
+The sender is the single writer of HEADER state fields, STATS, TOPIC and PARTITION
+slots, a WORKER slot's identity fields, and the DESCRIPTOR of every buffer it owns (free,
+sealed, in flight). Offsets come from :mod:`shmprod.layout` (Geometry methods + field
+constants); nothing here computes a layout offset of its own.
+
+Readers in other processes (``stats()``, workers) may see a value one update old, never
+a torn one: every field is an aligned 4- or 8-byte store.
+"""
+
+from __future__ import annotations
+
+from shmprod import layout as L
+
+
+class SharedState:
+    """The sender's view of the segment. Runs in: sender (the only writer of what it
+    writes, so no lock is needed)."""
+
+    __slots__ = ("_stats", "_stats_base", "geo", "view")
+
+    def __init__(self, view: memoryview, geo: L.Geometry) -> None:
+        self.view = view
+        self.geo = geo
+        self._stats_base = geo.stats
+        # Local mirror of STATS: the sender is the only writer, so it never re-reads.
+        self._stats: dict[int, int] = {off: 0 for _, off in L.STATS_FIELDS}
+        for _, off in L.STATS_FIELDS:
+            L.U64.pack_into(view, self._stats_base + off, 0)
+
+    # -- HEADER ------------------------------------------------------------------------
+
+    def set_sender_identity(self, pid: int, start_us: int) -> None:
+        """Writes H_SENDER_PID / H_SENDER_START_US. Runs in: sender."""
+        L.U64.pack_into(self.view, L.H_SENDER_PID, pid)
+        L.U64.pack_into(self.view, L.H_SENDER_START_US, start_us)
+
+    def set_state(self, state: int, fatal_code: int = 0) -> None:
+        """Writes H_STATE (and H_FATAL_CODE first when failing). Runs in: sender."""
+        if fatal_code:
+            L.I32.pack_into(self.view, L.H_FATAL_CODE, fatal_code)
+        L.U32.pack_into(self.view, L.H_STATE, state)
+
+    def state(self) -> int:
+        return int(L.U32.unpack_from(self.view, L.H_STATE)[0])
+
+    def bump_metadata_epoch(self) -> int:
+        """Increments H_METADATA_EPOCH after a topic table change. Runs in: sender."""
+        epoch = int(L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0]) + 1
+        L.U64.pack_into(self.view, L.H_METADATA_EPOCH, epoch)
+        return epoch
+
+    # -- STATS ---------------------------------------------------------------------------
+
+    def add(self, field: int, n: int = 1) -> None:
+        """Adds ``n`` to the STATS counter at ``field`` (an ``S_*`` constant)."""
+        v = self._stats[field] + n
+        self._stats[field] = v
+        L.U64.pack_into(self.view, self._stats_base + field, v if v > 0 else 0)
+
+    def set(self, field: int, value: int) -> None:
+        """Sets a STATS gauge (buffers_free, requests_in_flight, ...)."""
+        self._stats[field] = value
+        L.U64.pack_into(self.view, self._stats_base + field, value if value > 0 else 0)
+
+    def get(self, field: int) -> int:
+        return self._stats[field]
+
+    # -- WORKER slots --------------------------------------------------------------------
+
+    def claim_worker_slot(self, slot: int, pid: int, start_us: int) -> None:
+        """Zeroes a WORKER slot and records its new holder, before Welcome hands it over.
+
+        Runs in: sender; the slot is nobody's until the worker reads Welcome.
+        """
+        off = self.geo.worker(slot)
+        self.view[off : off + L.WORKER_SLOT_SIZE] = bytes(L.WORKER_SLOT_SIZE)
+        L.U64.pack_into(self.view, off + L.W_PID, pid)
+        L.U64.pack_into(self.view, off + L.W_START_US, start_us)
+        L.U32.pack_into(self.view, off + L.W_STATE, L.WORKER_ACTIVE)
+
+    def set_worker_state(self, slot: int, state: int) -> None:
+        """Writes W_STATE (FREE after Bye, DEAD after a death). Runs in: sender."""
+        L.U32.pack_into(self.view, self.geo.worker(slot) + L.W_STATE, state)
+
+    # -- TOPIC slots ---------------------------------------------------------------------
+
+    def write_topic(
+        self, slot: int, *, name: str, state: int, n_partitions: int, base: int, error: int
+    ) -> None:
+        """Publishes a TOPIC slot. Order matters for a concurrent reader: name, then the
+        partition base, then the count, then error and state (see metadata.py).
+
+        Runs in: sender (the only writer of the topic table).
+        """
+        off = self.geo.topic(slot)
+        raw = name.encode("utf-8")[: L.MAX_TOPIC_NAME]
+        self.view[off + L.T_NAME : off + L.T_NAME + len(raw)] = raw
+        L.U16.pack_into(self.view, off + L.T_NAME_LEN, len(raw))
+        L.U32.pack_into(self.view, off + L.T_PARTITION_BASE, base)
+        L.U32.pack_into(self.view, off + L.T_N_PARTITIONS, n_partitions)
+        L.I32.pack_into(self.view, off + L.T_ERROR, error)
+        L.U32.pack_into(self.view, off + L.T_STATE, state)
+
+    # -- PARTITION slots -----------------------------------------------------------------
+
+    def init_partition(self, slot: int, leader: int) -> None:
+        """Zeroes a PARTITION slot and sets its leader. Runs in: sender."""
+        off = self.geo.partition(slot)
+        self.view[off : off + L.PARTITION_SLOT_SIZE] = bytes(L.PARTITION_SLOT_SIZE)
+        L.I32.pack_into(self.view, off + L.P_LEADER, leader)
+
+    def set_leader(self, slot: int, leader: int) -> None:
+        L.I32.pack_into(self.view, self.geo.partition(slot) + L.P_LEADER, leader)
+
+    def set_queue_depth(self, slot: int, depth: int) -> None:
+        L.U32.pack_into(self.view, self.geo.partition(slot) + L.P_QUEUE_DEPTH, depth)
+
+    def set_partition_in_flight(self, slot: int, n: int) -> None:
+        L.U32.pack_into(self.view, self.geo.partition(slot) + L.P_IN_FLIGHT, n)
+
+    def set_partition_error(self, slot: int, code: int) -> None:
+        L.I32.pack_into(self.view, self.geo.partition(slot) + L.P_LAST_ERROR, code)
+
+    def add_partition_sent(self, slot: int, records: int, nbytes: int) -> None:
+        """Counts one acknowledged batch in its PARTITION slot. Runs in: sender."""
+        off = self.geo.partition(slot)
+        view = self.view
+        for field, n in (
+            (L.P_BATCHES_SENT, 1),
+            (L.P_RECORDS_SENT, records),
+            (L.P_BYTES_SENT, nbytes),
+        ):
+            L.U64.pack_into(view, off + field, int(L.U64.unpack_from(view, off + field)[0]) + n)
+
+    # -- DESCRIPTORS ---------------------------------------------------------------------
+
+    def describe_run(self, first: int, run: int, state: int, owner: int) -> None:
+        """Writes D_STATE/D_OWNER/D_RUN of a run: ``state`` on its first buffer, CONT (or
+        FREE when freeing) on the others. Runs in: sender, for buffers it owns or is
+        handing over (the grant message that follows is the barrier)."""
+        view = self.view
+        geo = self.geo
+        freeing = state == L.BUF_FREE
+        cont = L.BUF_FREE if freeing else L.BUF_CONT
+        d_run = 1 if freeing else run
+        for i in range(run):
+            off = geo.descriptor(first + i)
+            L.U32.pack_into(view, off + L.D_STATE, state if i == 0 else cont)
+            L.I32.pack_into(view, off + L.D_OWNER, owner)
+            L.U32.pack_into(view, off + L.D_RUN, d_run)
+            if freeing or state == L.BUF_GRANTED:
+                L.I32.pack_into(view, off + L.D_PARTITION, -1)
+
+    def describe_batch(
+        self, buffer: int, state: int, partition: int, batch_id: int, length: int, count: int
+    ) -> None:
+        """Records a sealed batch in its first buffer's DESCRIPTOR. Runs in: sender, once
+        Sealed made the buffer the sender's."""
+        off = self.geo.descriptor(buffer)
+        view = self.view
+        L.U32.pack_into(view, off + L.D_STATE, state)
+        L.I32.pack_into(view, off + L.D_OWNER, -1)
+        L.I32.pack_into(view, off + L.D_PARTITION, partition)
+        L.U64.pack_into(view, off + L.D_BATCH_ID, batch_id)
+        L.U32.pack_into(view, off + L.D_LENGTH, length)
+        L.U32.pack_into(view, off + L.D_RECORD_COUNT, count)
+
+    def set_descriptor_state(self, buffer: int, state: int) -> None:
+        L.U32.pack_into(self.view, self.geo.descriptor(buffer) + L.D_STATE, state)

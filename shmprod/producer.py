@@ -1,0 +1,253 @@
+"""The owner's side: ``Producer`` creates the shared producer (``attach`` joins it).
+
+Runs in: the owner (``Producer``) or any attaching process (``attach``). The owner
+creates the segment and the control socket, spawns the sender as a fresh interpreter,
+and attaches to its own producer like any worker. ``close()`` flushes, stops the sender
+and removes everything it created; if the owner dies instead, the sender does that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+import shmprod
+from shmprod.config import ProducerConfig
+from shmprod.errors import ProducerClosedError, ShmprodError
+from shmprod.futures import BatchFuture, RecordFuture
+from shmprod.handle import Handle, SenderSpec
+from shmprod.layout import Geometry, write_header
+from shmprod.shm import Segment
+from shmprod.worker import Worker, attach
+
+SENDER_START_TIMEOUT_S = 30.0
+
+
+def process_start_us(pid: int | None = None) -> int:
+    """A process's start time in microseconds: with the pid, it names one process for good."""
+    return int(psutil.Process(pid).create_time() * 1_000_000)
+
+
+def _sender_env() -> dict[str, str]:
+    """The sender's environment: this shmprod importable even when not installed."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(shmprod.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _cleanup(segment: Segment, tmpdir: str, proc: subprocess.Popen[bytes]) -> None:
+    """Last-resort cleanup (garbage collection or interpreter exit without close())."""
+    if proc.poll() is None:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+    with contextlib.suppress(BufferError):
+        segment.close()
+    segment.unlink()
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class Producer:
+    """The host's one Kafka producer. Options: see :class:`shmprod.config.ProducerConfig`.
+
+    >>> with Producer(bootstrap_servers="127.0.0.1:9092") as p:   # doctest: +SKIP
+    ...     p.send("events", b"value", key=b"k").result(timeout=30)
+    """
+
+    def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any) -> None:
+        if bootstrap_servers is not None:
+            options["bootstrap_servers"] = (
+                bootstrap_servers
+                if isinstance(bootstrap_servers, str)
+                else ",".join(bootstrap_servers)
+            )
+        self.config = ProducerConfig(**options)
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._workers: dict[int, Worker] = {}
+        self._start()
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any]) -> Producer:
+        """A producer from kafka-python names or Java dotted names (``"linger.ms"``)."""
+        config = ProducerConfig.from_mapping(options)
+        fields = {k: getattr(config, k) for k in config.to_wire()}
+        fields["key_serializer"] = config.key_serializer
+        fields["value_serializer"] = config.value_serializer
+        fields["partitioner"] = config.partitioner
+        return cls(**fields)
+
+    # -- start and stop ---------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Creates the segment and socket, spawns the sender, attaches. Runs in: owner."""
+        cfg = self.config
+        geo = Geometry.for_pool(cfg.buffer_memory, cfg.batch_size)
+        self._segment = Segment.create(geo.segment_size)
+        start_us = process_start_us()
+        write_header(self._segment.view, geo, self._pid, start_us)
+        self._tmpdir = tempfile.mkdtemp(prefix="shmprod-")
+        socket_path = os.path.join(self._tmpdir, "ctl.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(socket_path)
+            listener.listen(256)
+            secret = os.urandom(16)
+            spec = SenderSpec(
+                segment=self._segment.name,
+                socket_path=socket_path,
+                secret_hex=secret.hex(),
+                owner_pid=self._pid,
+                owner_start_us=start_us,
+                listen_fd=listener.fileno(),
+                config=cfg.to_wire(),
+            )
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "shmprod.sender", spec.to_json()],
+                pass_fds=[listener.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=_sender_env(),
+                start_new_session=True,
+            )
+        except BaseException:
+            listener.close()
+            self._segment.close()
+            self._segment.unlink()
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            raise
+        listener.close()  # the sender has its own copy
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self._segment, self._tmpdir, self._proc
+        )
+        self.handle = Handle(
+            segment=self._segment.name,
+            socket_path=socket_path,
+            secret=secret,
+            owner_pid=self._pid,
+            config=cfg.to_wire(),
+            key_serializer=cfg.key_serializer,
+            value_serializer=cfg.value_serializer,
+        )
+        try:
+            worker = attach(self.handle, owner=True)
+            worker.wait_ready(timeout=max(SENDER_START_TIMEOUT_S, cfg.max_block_ms / 1000))
+        except BaseException:
+            self._finalizer()
+            raise
+        self._workers[self._pid] = worker
+
+    def _worker(self) -> Worker:
+        """This process's worker: the owner's own, or one attached after a fork."""
+        if self._closed:
+            raise ProducerClosedError("the producer is closed")
+        pid = os.getpid()
+        worker = self._workers.get(pid)
+        if worker is None:
+            with self._lock:
+                worker = self._workers.get(pid)
+                if worker is None:
+                    worker = attach(self.handle)
+                    self._workers[pid] = worker
+        return worker
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flushes, stops the sender and removes every segment and file. Runs in: owner.
+
+        Called from an attached (forked) process it only detaches that process.
+        """
+        if self._closed:
+            return
+        pid = os.getpid()
+        if pid != self._pid:
+            worker = self._workers.pop(pid, None)
+            if worker is not None:
+                worker.close(timeout)
+            return
+        self._closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        worker = self._workers.pop(pid)
+        try:
+            worker.flush(timeout)
+        except ShmprodError:
+            pass
+        finally:
+            remaining = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            worker.shutdown_producer(int(remaining * 1000))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(remaining + 5)
+            worker.close(0)
+            self._finalizer()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- sending ----------------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Any = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> RecordFuture:
+        """Appends one record; the future resolves to its :class:`RecordMetadata`."""
+        return self._worker().send(
+            topic, value, key=key, headers=headers, partition=partition, timestamp_ms=timestamp_ms
+        )
+
+    def send_batch(
+        self,
+        topic: str,
+        values: Any,
+        keys: Any = None,
+        *,
+        partitions: Any = None,
+        timestamps_ms: Any = None,
+        headers: Any = None,
+    ) -> BatchFuture:
+        """Appends whole columns at once (vectorized); resolves to :class:`BatchMetadata`."""
+        return self._worker().send_batch(
+            topic,
+            values,
+            keys=keys,
+            partitions=partitions,
+            timestamps_ms=timestamps_ms,
+            headers=headers,
+        )
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Waits until everything this process sent is acknowledged or failed."""
+        self._worker().flush(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this process, the sender, the pool and every partition queue."""
+        return self._worker().stats()
+
+    @property
+    def sender_pid(self) -> int:
+        return self._proc.pid

@@ -43,6 +43,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap,
         report_path=args.report,
         progress=not args.quiet,
+        workers=args.workers,
     )
 
 
@@ -55,11 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="export a generated sample data set through the embedded broker and verify it",
+        help="export a generated data set from a pool of worker processes through one shared "
+        "producer to the embedded broker, and verify every record",
     )
     demo.add_argument("--records", type=int, default=200_000, help="rows to export (200000)")
     demo.add_argument("--value-size", type=int, default=100, help="approximate value bytes (100)")
     demo.add_argument("--partitions", type=int, default=8, help="topic partitions (8)")
+    demo.add_argument("--workers", type=int, default=4, help="worker processes (4)")
     demo.add_argument(
         "--compression",
         default="lz4",

@@ -1,19 +1,21 @@
-"""``shmprod demo``: export a generated sample data set through a real broker and verify it.
+"""``shmprod demo``: export a generated data set through the shared producer and verify it.
 
-The job: generate a clickstream-like table (user keys, JSON values, event timestamps),
-partition it with Java's murmur2, encode one compressed RecordBatch v2 per partition
-chunk with the vectorized column encoder, send the batches in ProduceRequests (one batch
-per partition per request, several requests in flight), then read every partition back
-with Fetch and compare key, value and timestamp of every record. Progress goes to
-stderr; the report to stdout and to a JSON file.
+The job: a pool of worker processes (started by spawn: fresh interpreters) attaches to
+ONE producer by its handle. Each worker generates its slice of a clickstream-like table
+(user keys, JSON values, event timestamps) and hands it to ``send_batch`` as Arrow
+columns: partitioned with Java's murmur2, encoded and compressed straight into shared
+memory, sent by the one sender process. The parent shows progress from the producer's
+shared counters, then reads every partition back with Fetch and checks key, value,
+timestamp, partition and offset of every record against what the futures reported.
+Progress goes to stderr; the report to stdout and to a JSON file.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import sys
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,27 +27,30 @@ import pyarrow.compute as pc
 from shmprod.broker import EmbeddedBroker
 from shmprod.connection import BrokerConnection, parse_bootstrap
 from shmprod.errors import KafkaError, ShmprodError
-from shmprod.partitioner import partitions_for_keys
-from shmprod.protocol import compression as codecs
-from shmprod.protocol.messages import ProduceResponse
+from shmprod.handle import Handle
+from shmprod.producer import Producer
 from shmprod.protocol.records import iter_batches
-from shmprod.protocol.vectorized import iter_encoded_batches
+from shmprod.worker import Worker, attach
 
 _ACTIONS = np.array(["view", "click", "add_to_cart", "purchase", "search"], dtype=object)
 
 
-def make_sample_dataset(rows: int, value_size: int = 100, seed: int = 7) -> pa.Table:
+def make_sample_dataset(
+    rows: int, value_size: int = 100, seed: int = 7, start: int = 0
+) -> pa.Table:
     """A clickstream-like table: ``key`` (user id), ``value`` (JSON), ``timestamp_ms``.
 
-    Built with Arrow compute, column at a time: no per-row Python.
+    Rows ``start .. start+rows-1`` of a data set that is the same whichever way it is
+    sliced into parts (each part is seeded by its ``start``). Built with Arrow compute,
+    column at a time: no per-row Python.
     """
     if rows < 1:
         raise ShmprodError(f"the demo needs at least one record, got {rows}")
-    rng = np.random.default_rng(seed)
-    users = pc.cast(pa.array(rng.integers(0, max(1, rows // 20), rows)), pa.string())
+    rng = np.random.default_rng([seed, start])
+    users = pc.cast(pa.array(rng.integers(0, 10_000, rows)), pa.string())
     actions = pa.array(_ACTIONS[rng.integers(0, len(_ACTIONS), rows)], pa.string())
     amounts = pc.cast(pa.array(rng.integers(0, 100_000, rows)), pa.string())
-    event_ids = pc.cast(pa.array(np.arange(rows)), pa.string())
+    event_ids = pc.cast(pa.array(np.arange(start, start + rows)), pa.string())
     key = pc.binary_join_element_wise("user-", users, "")
     body = pc.binary_join_element_wise(
         '{"event_id":',
@@ -68,7 +73,7 @@ def make_sample_dataset(rows: int, value_size: int = 100, seed: int = 7) -> pa.T
     )
     value = pc.binary_join_element_wise(body, pad, '"}', "")
     base_ts = 1_700_000_000_000
-    ts = base_ts + np.sort(rng.integers(0, 3_600_000, rows)).astype(np.int64)
+    ts = base_ts + start + np.arange(rows, dtype=np.int64)
     return pa.table(
         {
             "key": pc.cast(key, pa.binary()),
@@ -88,9 +93,9 @@ class DemoReport:
     compression: str
     records: int
     value_bytes: int
+    workers: int = 0
     batches: int = 0
     requests: int = 0
-    encode_s: float = 0.0
     produce_s: float = 0.0
     verify_s: float = 0.0
     records_per_s: float = 0.0
@@ -131,85 +136,40 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-def _encode_partitions(
-    table: pa.Table, parts: npt.NDArray[np.int32], partitions: int, batch_bytes: int, codec: int
-) -> tuple[list[tuple[int, bytes]], list[int]]:
-    """Each partition's rows, in input order, as compressed batches of ``batch_bytes``.
+_worker: Worker | None = None
 
-    Returns ``(partition, batch)`` pairs and each batch's record count. Column at a time:
-    one stable argsort groups the rows, the vectorized encoder does the rest.
+
+def _attach_in_pool(handle: Handle) -> None:
+    """Pool initializer: this worker process attaches to the shared producer once."""
+    global _worker
+    _worker = attach(handle)
+
+
+def _export_slice(job: tuple[str, int, int, int]) -> tuple[int, npt.NDArray[Any], npt.NDArray[Any]]:
+    """Runs in a pool worker: generates rows ``start..start+rows-1`` and sends them.
+
+    Returns where they landed: (start, partitions, offsets), in row order.
     """
-    order = np.argsort(parts, kind="stable")
-    bounds = np.searchsorted(parts[order], np.arange(partitions + 1))
-    ts = table["timestamp_ms"].to_numpy()
-    encoded: list[tuple[int, bytes]] = []
-    counts: list[int] = []
-    for p in range(partitions):
-        rows = order[bounds[p] : bounds[p + 1]]
-        if not len(rows):
-            continue
-        idx = pa.array(rows)
-        for batch in iter_encoded_batches(
-            pc.take(table["value"], idx),
-            pc.take(table["key"], idx),
-            ts[rows],
-            batch_size=batch_bytes,
-        ):
-            encoded.append((p, batch.to_bytes(compression=codec)))
-            counts.append(batch.record_count)
-    return encoded, counts
+    topic, start, rows, value_size = job
+    assert _worker is not None, "the pool initializer did not attach"
+    table = make_sample_dataset(rows, value_size, start=start)
+    fut = _worker.send_batch(
+        topic,
+        table["value"],
+        keys=table["key"],
+        timestamps_ms=table["timestamp_ms"].to_numpy(),
+    )
+    md = fut.result(timeout=300)
+    return start, md.partitions, md.offsets
 
 
-def _produce_all(
-    conn: BrokerConnection,
-    topic: str,
-    encoded: list[tuple[int, bytes]],
-    progress: _Progress,
-    counts: list[int],
-    *,
-    max_request_bytes: int = 1 << 20,
-    in_flight: int = 5,
-) -> int:
-    """Sends every batch, one per partition per request, up to ``in_flight`` requests."""
-    queues: dict[int, deque[tuple[int, bytes]]] = {}
-    for i, (p, batch) in enumerate(encoded):
-        queues.setdefault(p, deque()).append((i, batch))
-    pending: deque[tuple[int, list[int]]] = deque()
-    requests = done = 0
-
-    def reap() -> None:
-        nonlocal done
-        corr, ids = pending.popleft()
-        resp = conn.receive(corr, ProduceResponse)
-        for t in resp.responses:
-            for pr in t.partition_responses:
-                if pr.error_code:
-                    raise KafkaError(pr.error_code, f"producing to {t.name}[{pr.index}]")
-        done += sum(counts[i] for i in ids)
-        progress.update(done)
-
-    while queues:
-        batches: dict[tuple[str, int], bytes] = {}
-        ids: list[int] = []
-        size = 0
-        for p in list(queues):
-            i, batch = queues[p][0]
-            if batches and size + len(batch) > max_request_bytes:
-                continue
-            queues[p].popleft()
-            if not queues[p]:
-                del queues[p]
-            batches[(topic, p)] = batch
-            ids.append(i)
-            size += len(batch)
-        if len(pending) >= in_flight:
-            reap()
-        pending.append((conn.send(conn.produce_request(batches)), ids))
-        requests += 1
-    while pending:
-        reap()
-    progress.finish(done)
-    return requests
+def _close_in_pool(_: int) -> int:
+    """Runs in a pool worker: detaches (flushes first)."""
+    global _worker
+    if _worker is not None:
+        _worker.close()
+        _worker = None
+    return 0
 
 
 def _read_back(
@@ -218,9 +178,9 @@ def _read_back(
     expected: dict[int, int],
     progress: _Progress,
     timeout_s: float,
-) -> dict[int, list[tuple[bytes | None, bytes | None, int]]]:
-    """Every record of every partition, in offset order, until ``expected`` counts are met."""
-    got: dict[int, list[tuple[bytes | None, bytes | None, int]]] = {p: [] for p in expected}
+) -> dict[int, list[tuple[int, bytes | None, bytes | None, int]]]:
+    """Every record (offset, key, value, timestamp) of every partition, in offset order, until ``expected`` counts are met."""
+    got: dict[int, list[tuple[int, bytes | None, bytes | None, int]]] = {p: [] for p in expected}
     offsets = {(topic, p): 0 for p in expected if expected[p]}
     deadline = time.monotonic() + timeout_s
     total = 0
@@ -237,7 +197,9 @@ def _read_back(
                     for rec in batch.records:
                         if rec.offset < offsets[key]:
                             continue
-                        got[part.partition_index].append((rec.key, rec.value, rec.timestamp_ms))
+                        got[part.partition_index].append(
+                            (rec.offset, rec.key, rec.value, rec.timestamp_ms)
+                        )
                         offsets[key] = rec.offset + 1
                         total += 1
                 if len(got[part.partition_index]) >= expected[part.partition_index]:
@@ -256,14 +218,14 @@ def run_demo(
     bootstrap: str | None = None,
     report_path: str | None = None,
     progress: bool = True,
-    batch_bytes: int = 256 << 10,
+    workers: int = 4,
+    slice_rows: int = 25_000,
 ) -> int:
     """Runs the demo; returns 0 when every record came back exactly as sent."""
     broker = None if bootstrap else EmbeddedBroker().start()
     try:
         servers = bootstrap or (broker.bootstrap if broker else "")
         host, port = parse_bootstrap(servers)[0]
-        codec = codecs.codec_id(compression)
         topic = f"shmprod-demo-{int(time.time() * 1000)}"
 
         def log(line: str) -> None:
@@ -271,35 +233,50 @@ def run_demo(
                 print(line, file=sys.stderr, flush=True)
 
         log(
-            f"shmprod demo: broker {servers}, topic {topic} ({partitions} partitions), {compression}"
+            f"shmprod demo: {records:,} records, {workers} worker processes, one producer; "
+            f"broker {servers}, topic {topic} ({partitions} partitions), {compression}"
         )
-        t0 = time.monotonic()
-        table = make_sample_dataset(records, value_size)
-        log(
-            f"  generated {records:,} records ({table.nbytes / 1e6:.1f} MB) in {time.monotonic() - t0:.2f}s"
-        )
-
         with BrokerConnection(host, port, client_id="shmprod-demo") as conn:
             errors = conn.create_topics({topic: partitions})
             if errors.get(topic, 0) not in (0, 36):
                 raise KafkaError(errors[topic], f"creating topic {topic}")
 
-            t0 = time.monotonic()
-            parts = partitions_for_keys(table["key"], partitions)
-            encoded, counts = _encode_partitions(table, parts, partitions, batch_bytes, codec)
-            encode_s = time.monotonic() - t0
-
-            t0 = time.monotonic()
-            n_requests = _produce_all(
-                conn, topic, encoded, _Progress(progress, records, "produced"), counts
-            )
+        jobs = [
+            (topic, start, min(slice_rows, records - start), value_size)
+            for start in range(0, records, slice_rows)
+        ]
+        parts = np.full(records, -1, np.int32)
+        offsets = np.full(records, -1, np.int64)
+        t0 = time.monotonic()
+        with Producer(
+            bootstrap_servers=servers, compression_type=compression, linger_ms=5
+        ) as producer:
+            bar = _Progress(progress, records, "acknowledged")
+            ctx = mp.get_context("spawn")
+            with ctx.Pool(
+                workers, initializer=_attach_in_pool, initargs=(producer.handle,)
+            ) as pool:
+                pending = pool.imap_unordered(_export_slice, jobs)
+                done = 0
+                for start, p_arr, o_arr in pending:
+                    parts[start : start + len(p_arr)] = p_arr
+                    offsets[start : start + len(o_arr)] = o_arr
+                    done += len(o_arr)
+                    bar.update(done)
+                bar.finish(done)
+                pool.map(_close_in_pool, range(workers))
             produce_s = time.monotonic() - t0
+            sender = producer.stats()["sender"]
 
-            expected = {p: int(n) for p, n in enumerate(np.bincount(parts, minlength=partitions))}
-            t0 = time.monotonic()
+        expected = {p: int(n) for p, n in enumerate(np.bincount(parts, minlength=partitions))}
+        t0 = time.monotonic()
+        with BrokerConnection(host, port, client_id="shmprod-demo") as conn:
             got = _read_back(conn, topic, expected, _Progress(progress, records, "read back"), 60.0)
-            mismatches = _compare(table, parts, got)
-            verify_s = time.monotonic() - t0
+        table = pa.concat_tables(
+            [make_sample_dataset(rows, value_size, start=start) for _, start, rows, _ in jobs]
+        )
+        mismatches = _compare(table, parts, offsets, got)
+        verify_s = time.monotonic() - t0
 
         value_bytes = int(pc.sum(pc.binary_length(table["value"])).as_py())
         read = sum(len(v) for v in got.values())
@@ -310,13 +287,13 @@ def run_demo(
             compression=compression,
             records=records,
             value_bytes=value_bytes,
-            batches=len(encoded),
-            requests=n_requests,
-            encode_s=round(encode_s, 4),
+            workers=workers,
+            batches=int(sender.get("batches_sent", 0)),
+            requests=int(sender.get("requests_sent", 0)),
             produce_s=round(produce_s, 4),
             verify_s=round(verify_s, 4),
-            records_per_s=round(records / max(encode_s + produce_s, 1e-9)),
-            mb_per_s=round(value_bytes / 1e6 / max(encode_s + produce_s, 1e-9), 1),
+            records_per_s=round(records / max(produce_s, 1e-9)),
+            mb_per_s=round(value_bytes / 1e6 / max(produce_s, 1e-9), 1),
             records_read_back=read,
             mismatches=mismatches,
             per_partition={p: len(v) for p, v in got.items()},
@@ -336,19 +313,20 @@ def run_demo(
 def _compare(
     table: pa.Table,
     parts: npt.NDArray[np.int32],
-    got: dict[int, list[tuple[bytes | None, bytes | None, int]]],
+    offsets: npt.NDArray[np.int64],
+    got: dict[int, list[tuple[int, bytes | None, bytes | None, int]]],
 ) -> int:
-    """Records that differ from what was sent (per partition, in send order), plus missing."""
+    """Rows whose record is missing or differs at the (partition, offset) its future gave."""
     keys = table["key"].to_pylist()
     values = table["value"].to_pylist()
     ts = table["timestamp_ms"].to_pylist()
-    bad = 0
-    for p, received in got.items():
-        rows = np.flatnonzero(parts == p)
-        bad += abs(len(rows) - len(received))
-        for r, (k, v, t) in zip(rows.tolist(), received, strict=False):
-            if (k, v, t) != (keys[r], values[r], ts[r]):
-                bad += 1
+    landed = {(p, rec[0]): rec[1:] for p, recs in got.items() for rec in recs}
+    if len(landed) != sum(len(recs) for recs in got.values()):
+        return len(keys)  # an offset read twice: the log is not what was sent
+    bad = abs(len(landed) - len(keys))
+    for r in range(len(keys)):
+        if landed.get((int(parts[r]), int(offsets[r]))) != (keys[r], values[r], ts[r]):
+            bad += 1
     return bad
 
 
@@ -358,9 +336,9 @@ def _print_report(r: DemoReport) -> None:
         ("records", f"{r.records:,} ({r.value_bytes / 1e6:.1f} MB of values)"),
         ("topic", f"{r.topic} ({r.partitions} partitions)"),
         ("compression", r.compression),
+        ("worker processes", f"{r.workers} (spawned), one shared producer"),
         ("batches / requests", f"{r.batches:,} / {r.requests:,}"),
-        ("encode", f"{r.encode_s:.3f}s"),
-        ("produce", f"{r.produce_s:.3f}s"),
+        ("export", f"{r.produce_s:.3f}s (start-up of the pool included)"),
         ("throughput", f"{r.records_per_s:,.0f} records/s, {r.mb_per_s:.1f} MB/s"),
         ("read back", f"{r.records_read_back:,} records in {r.verify_s:.2f}s"),
         ("per partition", ", ".join(f"{p}:{n:,}" for p, n in r.per_partition.items())),

@@ -33,6 +33,8 @@ from shmprod.layout import Geometry, write_header
 from shmprod.shm import Segment
 from shmprod.worker import Worker, attach
 
+__all__ = ["Producer", "attach", "process_start_us"]
+
 SENDER_START_TIMEOUT_S = 30.0
 
 
@@ -68,7 +70,9 @@ class Producer:
     ...     p.send("events", b"value", key=b"k").result(timeout=30)
     """
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any) -> None:
+    def __init__(
+        self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any
+    ) -> None:
         if bootstrap_servers is not None:
             options["bootstrap_servers"] = (
                 bootstrap_servers
@@ -131,9 +135,7 @@ class Producer:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             raise
         listener.close()  # the sender has its own copy
-        self._finalizer = weakref.finalize(
-            self, _cleanup, self._segment, self._tmpdir, self._proc
-        )
+        self._finalizer = weakref.finalize(self, _cleanup, self._segment, self._tmpdir, self._proc)
         self.handle = Handle(
             segment=self._segment.name,
             socket_path=socket_path,

@@ -1,0 +1,446 @@
+"""Futures of records sent through the shared producer, resolved in the process that sent.
+
+The sender answers ONE ``Done`` per Kafka record batch, so completion is per batch too:
+
+* :class:`BatchOutcome` is the single completion of one Kafka batch (base offset or
+  error). Every record of the batch shares it; resolving a batch costs O(1) plus the
+  callbacks somebody registered, never O(records).
+* :class:`RecordFuture` (from ``send``) is a record's view of its batch's outcome: the
+  outcome plus the record's index in the batch and its timestamp. Its offset is
+  ``base_offset + index`` (offsetDelta is the index), computed when asked.
+* :class:`BatchFuture` (from ``send_batch``) spans the Kafka batches of one call and
+  fills ``offsets`` / ``partitions`` / ``timestamps_ms`` arrays, in the caller's row
+  order, with numpy once every batch is done.
+
+Both futures follow :class:`concurrent.futures.Future`'s API (``result``, ``exception``,
+``done``, ``add_done_callback``, ``cancel`` -> False) but are not subclasses: a real
+``Future`` builds a Condition per instance, too heavy for one per record. Use
+:meth:`RecordFuture.to_concurrent` where a real one is needed (``concurrent.futures.wait``,
+``asyncio.wrap_future``).
+
+Callbacks run in the worker's I/O thread of the process that sent (or at once in the
+calling thread when the future is already done); an exception in a callback is logged
+and does not affect other callbacks. The first outcome of a batch sticks.
+
+Runs in: worker (process-local objects, never in shared memory). Locking: every
+outcome of one Worker shares that Worker's ``done_lock``, held only for a few field
+updates; waiting uses a :class:`threading.Event` created on demand.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "BatchFuture",
+    "BatchMetadata",
+    "BatchOutcome",
+    "RecordFuture",
+    "RecordMetadata",
+]
+
+log = logging.getLogger(__name__)
+
+PENDING: Final = 0
+SUCCEEDED: Final = 1
+FAILED: Final = 2
+
+I32Array = npt.NDArray[np.int32]
+I64Array = npt.NDArray[np.int64]
+
+
+class RecordMetadata(NamedTuple):
+    """Where one record landed. ``offset`` is -1 with ``acks=0`` (no answer)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BatchMetadata:
+    """Where the rows of one ``send_batch`` call landed, in the caller's row order.
+
+    ``offsets`` is -1 for rows not acknowledged (``acks=0``, or the rows of failed
+    batches in :meth:`BatchFuture.partial_result`). ``timestamps_ms`` is each record's
+    CreateTime, or the broker's LogAppendTime when the topic uses it.
+    """
+
+    topic: str
+    partitions: I32Array
+    offsets: I64Array
+    timestamps_ms: I64Array
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+Listener = Callable[["BatchOutcome"], object]
+
+
+class BatchOutcome:
+    """The one completion of one Kafka record batch, shared by all its records.
+
+    Resolved once, by :meth:`succeed` or :meth:`fail`; later calls are ignored (the
+    first outcome sticks). Runs in: worker.
+    """
+
+    __slots__ = (
+        "_base_offset",
+        "_error",
+        "_event",
+        "_listeners",
+        "_lock",
+        "_log_append_time_ms",
+        "_state",
+        "partition",
+        "topic",
+    )
+
+    def __init__(self, lock: threading.Lock, topic: str, partition: int) -> None:
+        self._lock = lock
+        self.topic = topic
+        self.partition = partition
+        self._state = PENDING
+        self._base_offset = -1
+        self._log_append_time_ms = -1
+        self._error: BaseException | None = None
+        self._event: threading.Event | None = None
+        self._listeners: list[Listener] | None = None
+
+    # --- reading ----------------------------------------------------------------------
+
+    def done(self) -> bool:
+        return self._state != PENDING
+
+    @property
+    def succeeded(self) -> bool:
+        return self._state == SUCCEEDED
+
+    @property
+    def base_offset(self) -> int:
+        """The broker's offset of the batch's first record (-1 unknown or ``acks=0``)."""
+        return self._base_offset
+
+    @property
+    def log_append_time_ms(self) -> int:
+        """The broker's LogAppendTime of the batch, -1 when the topic uses CreateTime."""
+        return self._log_append_time_ms
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until resolved or ``timeout`` seconds passed; True once resolved."""
+        if self._state != PENDING:
+            return True
+        with self._lock:
+            if self._state != PENDING:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        return event.wait(timeout)
+
+    def add_listener(self, fn: Listener) -> None:
+        """Calls ``fn(self)`` once resolved: now, in this thread, if it already is."""
+        with self._lock:
+            if self._state == PENDING:
+                if self._listeners is None:
+                    self._listeners = [fn]
+                else:
+                    self._listeners.append(fn)
+                return
+        _call(fn, self)
+
+    # --- resolving --------------------------------------------------------------------
+
+    def succeed(self, base_offset: int, log_append_time_ms: int = -1) -> None:
+        """Resolves the batch as written at ``base_offset``. Runs in: worker I/O thread."""
+        with self._lock:
+            if self._state != PENDING:
+                return
+            self._base_offset = base_offset
+            self._log_append_time_ms = log_append_time_ms
+            self._state = SUCCEEDED
+            event, listeners = self._event, self._listeners
+            self._listeners = None
+        self._notify(event, listeners)
+
+    def fail(self, error: BaseException) -> None:
+        """Resolves the batch as failed with ``error``. Runs in: worker (any thread)."""
+        with self._lock:
+            if self._state != PENDING:
+                return
+            self._error = error
+            self._state = FAILED
+            event, listeners = self._event, self._listeners
+            self._listeners = None
+        self._notify(event, listeners)
+
+    def _notify(self, event: threading.Event | None, listeners: list[Listener] | None) -> None:
+        if event is not None:
+            event.set()
+        if listeners:
+            for fn in listeners:
+                _call(fn, self)
+
+
+def _call(fn: Callable[[Any], object], arg: Any) -> None:
+    try:
+        fn(arg)
+    except Exception:
+        log.exception("exception in a shmprod future callback %r", fn)
+
+
+def _timeout_error(timeout: float | None) -> concurrent.futures.TimeoutError:
+    return concurrent.futures.TimeoutError(f"no outcome within {timeout} s")
+
+
+class RecordFuture:
+    """The outcome of one record sent with ``send``: its batch's outcome + its index.
+
+    Behaves like :class:`concurrent.futures.Future` (``result``, ``exception``,
+    ``done``, ``add_done_callback``); records cannot be cancelled once handed over.
+    """
+
+    __slots__ = ("_index", "_outcome", "_timestamp_ms")
+
+    def __init__(self, outcome: BatchOutcome, index: int, timestamp_ms: int) -> None:
+        self._outcome = outcome
+        self._index = index
+        self._timestamp_ms = timestamp_ms
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a RecordFuture belongs to the process that sent; it cannot be pickled")
+
+    def __repr__(self) -> str:
+        o = self._outcome
+        state = ("pending", "succeeded", "failed")[o._state]
+        return f"<RecordFuture {o.topic}[{o.partition}] #{self._index} {state}>"
+
+    def done(self) -> bool:
+        return self._outcome._state != PENDING
+
+    def running(self) -> bool:
+        return self._outcome._state == PENDING
+
+    def cancel(self) -> bool:
+        """Always False: a record handed to the producer cannot be taken back."""
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        """The record's metadata; raises its error, or TimeoutError after ``timeout`` s."""
+        o = self._outcome
+        if o._state == PENDING and not o.wait(timeout):
+            raise _timeout_error(timeout)
+        if o._state == FAILED:
+            assert o._error is not None
+            raise o._error
+        base = o._base_offset
+        lat = o._log_append_time_ms
+        return RecordMetadata(
+            o.topic,
+            o.partition,
+            base + self._index if base >= 0 else -1,
+            lat if lat >= 0 else self._timestamp_ms,
+        )
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The record's error, or None once it succeeded; TimeoutError after ``timeout``."""
+        o = self._outcome
+        if o._state == PENDING and not o.wait(timeout):
+            raise _timeout_error(timeout)
+        return o._error
+
+    def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
+        """Calls ``fn(self)`` once done (in the worker's I/O thread, or now if done)."""
+        self._outcome.add_listener(lambda _o: fn(self))
+
+    def to_concurrent(self) -> concurrent.futures.Future[RecordMetadata]:
+        """A real :class:`concurrent.futures.Future` resolved with this one."""
+        return _chain(self)
+
+
+def _chain(fut: RecordFuture | BatchFuture) -> concurrent.futures.Future[Any]:
+    out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    out.set_running_or_notify_cancel()
+
+    def copy(f: Any) -> None:
+        exc = f.exception(0)
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(f.result(0))
+
+    fut.add_done_callback(copy)
+    return out
+
+
+class BatchFuture:
+    """The outcome of one ``send_batch`` call: the Kafka batches it was split into.
+
+    Rows were grouped by partition with a stable sort (``order[j]`` is the input row
+    at sorted position ``j``) and cut into consecutive batches of ``counts[b]`` rows, in
+    sorted order. A row's offset is ``base_offset[b] + (j - start[b])``: filled for all
+    rows at once with numpy when the last batch resolves. The first error sticks.
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "_counts",
+        "_error",
+        "_event",
+        "_lock",
+        "_metadata",
+        "_order",
+        "_outcomes",
+        "_partitions",
+        "_remaining",
+        "_timestamps",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        topic: str,
+        partitions: I32Array,
+        timestamps_ms: I64Array,
+        order: npt.NDArray[np.intp] | None,
+        outcomes: list[BatchOutcome],
+        counts: list[int],
+    ) -> None:
+        """``partitions``/``timestamps_ms``: per input row; ``order``: sorted position ->
+        input row (None: identity); ``outcomes[b]`` covers ``counts[b]`` sorted rows."""
+        if sum(counts) != len(partitions) or len(counts) != len(outcomes):
+            raise ValueError("batch counts must cover every row exactly once")
+        self._lock = lock
+        self.topic = topic
+        self._partitions = partitions
+        self._timestamps = timestamps_ms
+        self._order = order
+        self._outcomes = outcomes
+        self._counts = counts
+        self._remaining = len(outcomes)
+        self._error: BaseException | None = None
+        self._metadata: BatchMetadata | None = None
+        self._event = threading.Event()
+        self._callbacks: list[Callable[[BatchFuture], object]] = []
+        if not outcomes:
+            self._finish()
+            return
+        for o in outcomes:
+            o.add_listener(self._on_batch)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a BatchFuture belongs to the process that sent; it cannot be pickled")
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.done() else ("failed" if self._error else "succeeded")
+        return f"<BatchFuture {self.topic} rows={len(self._partitions)} {state}>"
+
+    def _on_batch(self, outcome: BatchOutcome) -> None:
+        with self._lock:
+            if self._error is None and outcome.error is not None:
+                self._error = outcome.error
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._finish()
+
+    def _finish(self) -> None:
+        self._metadata = self._build()
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+            self._event.set()
+        for fn in callbacks:
+            _call(fn, self)
+
+    def _build(self) -> BatchMetadata:
+        """Offsets and timestamps of every row, in input order (numpy, no row loop)."""
+        n = len(self._partitions)
+        counts = np.asarray(self._counts, dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        base = np.array([o.base_offset for o in self._outcomes], dtype=np.int64)
+        ok = np.array([o.succeeded for o in self._outcomes], dtype=bool)
+        lat = np.array([o.log_append_time_ms for o in self._outcomes], dtype=np.int64)
+        valid = ok & (base >= 0)
+        shift = np.where(valid, base - starts, 0)
+        sorted_offsets = np.arange(n, dtype=np.int64) + np.repeat(shift, counts)
+        if not valid.all():
+            sorted_offsets[~np.repeat(valid, counts)] = -1
+        timestamps = self._timestamps.copy()
+        use_lat = ok & (lat >= 0)
+        if use_lat.any():
+            rows = np.repeat(use_lat, counts)
+            sorted_lat = np.repeat(lat, counts)
+            pos = np.flatnonzero(rows)
+            target = pos if self._order is None else self._order[pos]
+            timestamps[target] = sorted_lat[pos]
+        if self._order is None:
+            offsets = sorted_offsets
+        else:
+            offsets = np.empty(n, dtype=np.int64)
+            offsets[self._order] = sorted_offsets
+        return BatchMetadata(self.topic, self._partitions, offsets, timestamps)
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def running(self) -> bool:
+        return not self._event.is_set()
+
+    def cancel(self) -> bool:
+        """Always False: rows handed to the producer cannot be taken back."""
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> BatchMetadata:
+        """Every row's partition and offset; raises the first batch error."""
+        if not self._event.wait(timeout):
+            raise _timeout_error(timeout)
+        if self._error is not None:
+            raise self._error
+        assert self._metadata is not None
+        return self._metadata
+
+    def partial_result(self, timeout: float | None = None) -> BatchMetadata:
+        """Like :meth:`result` but never raises a batch error: rows of failed batches
+        have offset -1 (see :meth:`exception` for the first error)."""
+        if not self._event.wait(timeout):
+            raise _timeout_error(timeout)
+        assert self._metadata is not None
+        return self._metadata
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._event.wait(timeout):
+            raise _timeout_error(timeout)
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[BatchFuture], object]) -> None:
+        """Calls ``fn(self)`` once every batch is done (I/O thread, or now if done)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        _call(fn, self)
+
+    def to_concurrent(self) -> concurrent.futures.Future[BatchMetadata]:
+        """A real :class:`concurrent.futures.Future` resolved with this one."""
+        return _chain(self)

@@ -1,0 +1,15 @@
+"""The worker side of the shared producer: ``attach(handle)`` -> :class:`Worker`.
+
+Any process on the host that holds a :class:`~shmprod.handle.Handle` attaches, encodes
+its records straight into pool buffers in shared memory and hands sealed batches to the
+sender process; futures resolve in the process that sent.
+
+Modules: :mod:`.client` (the Worker: control socket, I/O thread, buffers, futures,
+flush/close/stats), :mod:`.append` (open batches, seal), :mod:`.bulk` (``send_batch``,
+vectorized), :mod:`.topics` (metadata cache, topic names), :mod:`.inputs` (argument
+checks), :mod:`.shmstats` (counters read from shared memory).
+"""
+
+from shmprod.worker.client import Worker, attach
+
+__all__ = ["Worker", "attach"]

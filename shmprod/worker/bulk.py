@@ -1,0 +1,432 @@
+"""``send_batch``: many records at once, with no per-row Python in the hot path.
+
+1. **Check and convert** every column once, before anything touches shared memory:
+   values/keys become Arrow binary arrays (:func:`vectorized.to_binary_array`),
+   timestamps an int64 array or one int, headers one encoded section for all rows or
+   one list per row. Bad input raises a typed error at the call, nothing written.
+2. **Partition**: explicit partitions (one int or one per row) are range-checked;
+   otherwise the configured partitioner hashes the key column
+   (:func:`partitioner.partitions_for_keys`, Java's murmur2). Rows without a key are
+   cut into runs of about one batch of bytes (a cumulative sum over row sizes), and
+   the runs go round robin over the partitions, starting where this process's
+   previous ``send_batch`` to the topic stopped: a small call stays on one partition
+   (sticky), a large one spreads over all of them in whole batches.
+3. **Group** rows by partition with one stable ``argsort`` (input order is kept inside
+   each partition) and one Arrow ``take`` per column.
+4. **Seal first** this process's open batches of every touched partition, so that the
+   records of a process reach each partition in the order it sent them.
+5. **Encode and write**: per partition, :func:`vectorized.iter_encoded_batches` cuts
+   full batches of at most ``batch_size`` bytes; each is written with
+   :meth:`EncodedBatch.write_into` straight into a granted buffer (compressed by this
+   worker when a codec is set; uncompressed when the compressed form would not fit),
+   its DESCRIPTOR marked SEALED and one ``Sealed`` message sent. Buffers are asked
+   for in windows (``Alloc`` with count = k). A row larger than ``batch_size`` goes
+   alone in a run of adjacent buffers.
+6. The :class:`BatchFuture` maps rows to (batch, index in batch) and fills the offsets
+   with numpy when every batch is ``Done``.
+
+Per-row headers take a slower path (one Python call per row to encode them, and a
+list reorder); one headers list for all rows is encoded once and broadcast. The
+configured key/value serializers are not applied here: pass encoded columns.
+
+If a failure happens after some batches were already handed over (the pool stayed
+exhausted past ``max_block_ms``, the sender died), the call does not raise: the rows
+not handed over fail in the returned future with that error (``partial_result`` shows
+which rows made it). A failure before anything was handed over raises at the call.
+
+Runs in: worker. Shared memory is written only in buffers granted to this worker; the
+Worker's state lock is held only to register and send ``Sealed`` messages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shmprod import ipc
+from shmprod.errors import (
+    CompressionError,
+    EncodeError,
+    InvalidRecordError,
+    RecordTooLargeError,
+    ShmprodError,
+    UnknownPartitionError,
+)
+from shmprod.futures import BatchFuture, BatchOutcome
+from shmprod.partitioner import Murmur2Partitioner, PartitionerError
+from shmprod.protocol import vectorized as V
+from shmprod.protocol.records import HEADER_SIZE, Header
+from shmprod.worker import append as A
+from shmprod.worker.inputs import check_timestamp, encoded_headers
+from shmprod.worker.topics import TopicEntry, validate_topic
+
+if TYPE_CHECKING:
+    from shmprod.worker.client import Worker
+
+__all__ = ["Columns", "prepare_columns", "send_batch"]
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+
+_ROW_OVERHEAD: Final = 16  # rough per-row varint bytes, for spreading null keys
+_MAX_WINDOW: Final = 64  # most buffers asked for in one Alloc
+
+
+@dataclass(slots=True)
+class Columns:
+    """Checked and converted ``send_batch`` inputs (no shared memory touched yet)."""
+
+    n: int
+    values: pa.Array
+    keys: pa.Array | None
+    timestamps: I64 | int  # one per row, or one for all
+    headers: list[Header] | list[list[Header]] | None  # shared list, per-row lists
+    per_row_headers: bool
+    header_bytes: int  # encoded headers section size (largest row when per row)
+    row_bytes: I64  # value + key bytes per row (nulls count 0)
+
+
+def _binary(column: Any, what: str) -> pa.Array:
+    try:
+        return V.to_binary_array(column, what)
+    except EncodeError as exc:
+        raise InvalidRecordError(str(exc)) from None
+
+
+def _lengths(arr: pa.Array) -> I64:
+    out: I64 = np.asarray(pc.fill_null(pc.binary_length(arr), 0), dtype=np.int64)
+    return out
+
+
+def _is_pair(item: object) -> bool:
+    return isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str)
+
+
+def _headers(headers: Any, n: int) -> tuple[Any, bool, int]:
+    """(headers for the encoder, per row?, encoded size bound)."""
+    if headers is None:
+        return None, False, 1
+    if isinstance(headers, Mapping):
+        headers = list(headers.items())
+    if not isinstance(headers, list | tuple):
+        raise InvalidRecordError(
+            f"headers must be a list of (str, bytes | None) pairs, a dict, or one such "
+            f"list per row; got {type(headers).__name__}"
+        )
+    if not headers:
+        return None, False, 1
+    if all(_is_pair(h) for h in headers):
+        return list(headers), False, len(encoded_headers(list(headers)))
+    if len(headers) != n:
+        raise InvalidRecordError(f"per-row headers: {len(headers)} lists for {n} rows")
+    rows: list[list[Header]] = []
+    largest = 1
+    for h in headers:  # the slow path: one Python call per row
+        items = list(h.items()) if isinstance(h, Mapping) else h
+        largest = max(largest, len(encoded_headers(items)))
+        rows.append(list(items) if items is not None else [])
+    return rows, True, largest
+
+
+def prepare_columns(
+    values: Any, keys: Any, timestamps_ms: Any, headers: Any, now_ms: int
+) -> Columns:
+    """Checks and converts the columns of one call. Runs in: worker, no lock."""
+    vals = _binary(values, "values")
+    n = len(vals)
+    karr: pa.Array | None = None
+    row_bytes = _lengths(vals)
+    if keys is not None:
+        karr = _binary(keys, "keys")
+        if len(karr) != n:
+            raise InvalidRecordError(f"{len(karr)} keys for {n} values")
+        if karr.null_count == n:
+            karr = None
+        else:
+            row_bytes += _lengths(karr)
+    ts: I64 | int
+    if timestamps_ms is None:
+        ts = now_ms
+    elif np.ndim(timestamps_ms) == 0:
+        ts = check_timestamp(timestamps_ms)
+    else:
+        try:
+            ts = V._timestamps(timestamps_ms, n)
+        except EncodeError as exc:
+            raise InvalidRecordError(str(exc)) from None
+        if n and int(ts.min()) < 0:
+            raise InvalidRecordError(f"timestamps_ms must be >= 0, got {int(ts.min())}")
+    hdrs, per_row, hbytes = _headers(headers, n)
+    return Columns(n, vals, karr, ts, hdrs, per_row, hbytes, row_bytes)
+
+
+def _partitions(w: Worker, cols: Columns, entry: TopicEntry, partitions: Any, budget: int) -> I32:
+    """Every row's partition (input order). Null-key rows: runs of ~one batch, round
+    robin over the partitions from ``entry.next_bulk``. Runs in: worker, state lock held
+    (it advances ``entry.next_bulk``)."""
+    n, nparts = cols.n, entry.partitions
+    if partitions is not None:
+        if np.ndim(partitions) == 0:
+            if isinstance(partitions, bool) or not isinstance(partitions, int | np.integer):
+                raise InvalidRecordError(
+                    f"partitions must be ints, got {type(partitions).__name__}"
+                )
+            p = int(partitions)
+            if not 0 <= p < nparts:
+                raise UnknownPartitionError(
+                    f"partition {p} of topic {entry.name!r} does not exist (it has {nparts})"
+                )
+            return np.full(n, p, np.int32)
+        arr = np.asarray(partitions)
+        if arr.ndim != 1 or len(arr) != n:
+            raise InvalidRecordError(f"partitions must be one int or one per row ({n})")
+        if arr.dtype.kind not in "iu":
+            raise InvalidRecordError(f"partitions must be integers, got dtype {arr.dtype}")
+        bad = (arr < 0) | (arr >= nparts)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise UnknownPartitionError(
+                f"partition {int(arr[row])} at row {row} of topic {entry.name!r} does not "
+                f"exist (it has {nparts})"
+            )
+        return arr.astype(np.int32)
+    part = w._partitioner
+    if cols.keys is None and isinstance(part, Murmur2Partitioner):
+        out = np.full(n, -1, np.int32)
+    else:
+        keys = cols.keys if cols.keys is not None else pa.nulls(n, pa.binary())
+        try:
+            out = np.asarray(part.partition_many(keys, nparts), dtype=np.int32).copy()
+        except PartitionerError as exc:
+            raise InvalidRecordError(f"partitioner: {exc}") from None
+    null = out < 0
+    if null.any():
+        sizes = cols.row_bytes[null] + (_ROW_OVERHEAD + cols.header_bytes)
+        run = (np.cumsum(sizes) - 1) // max(budget, 1)
+        if entry.next_bulk < 0:
+            entry.next_bulk = w._rand() % nparts
+        start = entry.next_bulk
+        out[null] = (start + run) % nparts
+        entry.next_bulk = int((start + int(run[-1]) + 1) % nparts)
+    return out
+
+
+@dataclass(slots=True)
+class _Group:
+    """Rows sorted by partition: ``ranges`` of (partition, lo, hi) over sorted rows."""
+
+    order: npt.NDArray[np.intp] | None
+    values: pa.Array
+    keys: pa.Array | None
+    timestamps: I64 | int
+    headers: Any
+    ranges: list[tuple[int, int, int]]
+
+
+def _group(cols: Columns, parts: I32) -> _Group:
+    """One stable argsort by partition and one take per column. Runs in: worker."""
+    n = cols.n
+    if int(parts.min()) == int(parts.max()):
+        return _Group(
+            None, cols.values, cols.keys, cols.timestamps, cols.headers, [(int(parts[0]), 0, n)]
+        )
+    order = np.argsort(parts, kind="stable")
+    sp = parts[order]
+    cuts = (np.flatnonzero(np.diff(sp)) + 1).tolist()
+    bounds = [0, *cuts, n]
+    ranges = [(int(sp[lo]), lo, hi) for lo, hi in itertools.pairwise(bounds)]
+    idx = pa.array(order)
+    values = cols.values.take(idx)
+    keys = cols.keys.take(idx) if cols.keys is not None else None
+    ts = cols.timestamps if isinstance(cols.timestamps, int) else cols.timestamps[order]
+    headers = cols.headers
+    if cols.per_row_headers:
+        assert isinstance(headers, list)
+        headers = [headers[i] for i in order.tolist()]  # per-row headers: slow path
+    return _Group(order, values, keys, ts, headers, ranges)
+
+
+def _check_sizes(w: Worker, cols: Columns) -> None:
+    """RecordTooLargeError at the call for a row beyond max_request_size or the pool."""
+    limit = min(w._max_request_size, w._geo.n_buffers * w._geo.buffer_size)
+    if cols.n == 0:
+        return
+    bound = int(cols.row_bytes.max()) + cols.header_bytes + 31 + HEADER_SIZE
+    if bound <= limit:
+        return
+    try:
+        sizes = V.record_sizes(
+            cols.values,
+            cols.keys,
+            cols.timestamps,
+            cols.headers,
+            base_timestamp_ms=cols.timestamps if isinstance(cols.timestamps, int) else None,
+        )
+    except EncodeError as exc:
+        raise InvalidRecordError(str(exc)) from None
+    big = np.flatnonzero(sizes + HEADER_SIZE > limit)
+    if len(big):
+        row = int(big[0])
+        raise RecordTooLargeError(
+            f"row {row}: a record of {int(sizes[row]) + HEADER_SIZE} bytes (with batch "
+            f"header) is larger than max_request_size={w._max_request_size} or the pool"
+        )
+
+
+class _Writer:
+    """Writes encoded batches into granted buffers and hands them over in windows."""
+
+    def __init__(self, w: Worker, entry: TopicEntry, estimate: int) -> None:
+        self.w = w
+        self.entry = entry
+        self.estimate = estimate  # batches still expected (for Alloc windows)
+        self.buffers: list[int] = []  # single buffers in hand
+        self.pending: list[tuple[int, int, int, int, int, BatchOutcome, int]] = []
+        self.outcomes: list[BatchOutcome] = []
+        self.counts: list[int] = []
+        self.deadline = time.monotonic_ns() + w._max_block_ns
+
+    def buffer(self, run: int) -> int:
+        w = self.w
+        if run == 1 and self.buffers:
+            return self.buffers.pop()
+        self.hand_over()
+        with w._lock:
+            if run > 1:
+                return w._obtain_locked(run, 1, self.deadline)[0]
+            window = max(1, min(self.estimate, _MAX_WINDOW, max(1, w._geo.n_buffers // 4)))
+            self.buffers = w._obtain_locked(1, window, self.deadline)
+        return self.buffers.pop()
+
+    def write(self, batch: V.EncodedBatch, partition: int) -> None:
+        w = self.w
+        geo = w._geo
+        size = HEADER_SIZE + len(batch.records)
+        run = 1 if size <= geo.buffer_size else geo.buffers_for(size)
+        buf = self.buffer(run)
+        start = geo.buffer(buf)
+        mv = w._view[start : start + geo.run_bytes(run)]
+        try:
+            try:
+                end = batch.write_into(mv, 0, compression=w._codec, level=w._level)
+            except (EncodeError, CompressionError):
+                end = batch.write_into(mv, 0)  # compressed form does not fit: as is
+        except BaseException:
+            with w._lock:
+                w._give_back_locked([buf], run)
+            raise
+        finally:
+            mv.release()
+        outcome = BatchOutcome(w._done_lock, self.entry.name, partition)
+        slot = self.entry.base + partition
+        self.pending.append((buf, run, slot, end, batch.record_count, outcome, len(batch.records)))
+        self.outcomes.append(outcome)
+        self.counts.append(batch.record_count)
+        self.estimate = max(1, self.estimate - 1)
+
+    def hand_over(self) -> None:
+        """Registers and sends ``Sealed`` for every written batch (state lock held once)."""
+        if not self.pending:
+            return
+        w = self.w
+        msgs = []
+        now = time.monotonic_ns()
+        with w._lock:
+            for buf, run, slot, length, count, outcome, raw in self.pending:
+                bid = w._next_batch_id
+                w._next_batch_id = bid + 1
+                A.describe_batch(w._view, w._geo, w._slot, buf, run, slot, bid, length, count, now)
+                w._inflight[bid] = (outcome, count)
+                w._records_appended += count
+                w._bytes_appended += raw
+                w._batches_sealed += 1
+                msgs.append(ipc.encode(ipc.Sealed(buf, run, slot, bid, length, count)))
+            self.pending.clear()
+            w._publish_locked()
+            w._send_locked(b"".join(msgs))
+
+    def give_back(self) -> None:
+        if self.buffers:
+            with self.w._lock:
+                self.w._give_back_locked(self.buffers, 1)
+            self.buffers = []
+
+
+def send_batch(
+    w: Worker,
+    topic: str,
+    values: Any,
+    keys: Any,
+    partitions: Any,
+    timestamps_ms: Any,
+    headers: Any,
+) -> BatchFuture:
+    """See :meth:`Worker.send_batch` and the module docstring. Runs in: worker."""
+    if type(topic) is not str:
+        validate_topic(topic)
+    cols = prepare_columns(values, keys, timestamps_ms, headers, time.time_ns() // 1_000_000)
+    _check_sizes(w, cols)
+    budget = w._batch_size - HEADER_SIZE
+    with w._lock:
+        w._check_alive()
+        entry = w._topic_locked(topic)
+        parts = _partitions(w, cols, entry, partitions, budget) if cols.n else np.zeros(0, np.int32)
+    ts_rows: I64 = (
+        np.full(cols.n, cols.timestamps, np.int64)
+        if isinstance(cols.timestamps, int)
+        else cols.timestamps
+    )
+    if cols.n == 0:
+        return BatchFuture(w._done_lock, topic, parts, ts_rows, None, [], [])
+    group = _group(cols, parts)
+    approx = int(cols.row_bytes.sum()) + cols.n * (_ROW_OVERHEAD + cols.header_bytes)
+    writer = _Writer(w, entry, -(-approx // budget) + len(group.ranges))
+    with w._lock:
+        w._seal_all_locked([entry.base + p for p, _, _ in group.ranges])
+    try:
+        for p, lo, hi in group.ranges:
+            hdrs: Any = group.headers
+            if group.headers is not None and cols.per_row_headers:
+                hdrs = group.headers[lo:hi]
+            ts = group.timestamps if isinstance(group.timestamps, int) else group.timestamps[lo:hi]
+            batches = V.iter_encoded_batches(
+                group.values.slice(lo, hi - lo),
+                None if group.keys is None else group.keys.slice(lo, hi - lo),
+                ts,
+                hdrs,
+                batch_size=w._batch_size,
+            )
+            for batch in batches:
+                writer.write(batch, p)
+        writer.hand_over()
+    except (ShmprodError, EncodeError) as exc:
+        writer.give_back()
+        handed = len(writer.outcomes) - len(writer.pending)
+        if handed == 0:
+            for item in writer.pending:
+                with w._lock:
+                    w._give_back_locked([item[0]], item[1])
+            if isinstance(exc, EncodeError):
+                raise InvalidRecordError(str(exc)) from None
+            raise
+        del writer.outcomes[handed:]
+        del writer.counts[handed:]
+        for item in writer.pending:
+            with w._lock:
+                w._give_back_locked([item[0]], item[1])
+        rest = BatchOutcome(w._done_lock, topic, -1)
+        rest.fail(exc)
+        writer.outcomes.append(rest)
+        writer.counts.append(cols.n - sum(writer.counts))
+    writer.give_back()
+    return BatchFuture(
+        w._done_lock, topic, parts, ts_rows, group.order, writer.outcomes, writer.counts
+    )

@@ -1,0 +1,119 @@
+"""Checking what a caller passes to ``send`` before anything touches shared memory.
+
+Each check raises :class:`InvalidRecordError` (or :class:`UnknownPartitionError`) naming
+what was wrong, so a bad record fails at the call with nothing half-written.
+
+Runs in: worker (pure functions, no shared state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from shmprod.config import Serializer
+from shmprod.errors import EncodeError, InvalidRecordError, UnknownPartitionError
+from shmprod.protocol.records import encode_headers
+
+__all__ = [
+    "NO_HEADERS",
+    "as_bytes",
+    "check_partition",
+    "check_timestamp",
+    "encoded_headers",
+    "serialize",
+]
+
+Blob = bytes | bytearray | memoryview
+
+NO_HEADERS: Final = b"\x00"  # the headers section of a record without headers
+_INT64_MAX: Final = 2**63 - 1
+
+
+def as_bytes(obj: object, what: str) -> Blob | None:
+    """``obj`` as a flat bytes-like (bytes, bytearray, contiguous memoryview, or any
+    object with the buffer protocol), or None; :class:`InvalidRecordError` otherwise."""
+    if obj is None:
+        return None
+    tp = type(obj)
+    if tp is bytes or tp is bytearray:
+        return obj  # type: ignore[return-value]
+    if isinstance(obj, str):
+        raise InvalidRecordError(
+            f"{what} must be bytes-like or None, got str: encode it or set {what}_serializer"
+        )
+    try:
+        mv = obj if isinstance(obj, memoryview) else memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidRecordError(
+            f"{what} must be bytes-like or None, got {tp.__name__}: set {what}_serializer"
+        ) from None
+    if not mv.c_contiguous:
+        raise InvalidRecordError(f"{what} must be a C-contiguous buffer")
+    if mv.ndim != 1 or mv.format != "B":
+        mv = mv.cast("B")
+    return mv
+
+
+def serialize(fn: Serializer | None, obj: object, what: str) -> Blob | None:
+    """Applies the configured serializer (None passes through it), then checks the result."""
+    if fn is None:
+        return as_bytes(obj, what)
+    try:
+        out = fn(obj)
+    except Exception as exc:
+        raise InvalidRecordError(
+            f"{what}_serializer failed on {type(obj).__name__}: {exc}"
+        ) from exc
+    return as_bytes(out, f"{what} (from {what}_serializer)")
+
+
+def encoded_headers(headers: object) -> bytes:
+    """The headers section of a record: a list of (str, bytes | None) pairs or a dict
+    str -> bytes | None; :class:`InvalidRecordError` for anything else."""
+    if headers is None:
+        return NO_HEADERS
+    items: Sequence[Any]
+    if isinstance(headers, Mapping):
+        items = list(headers.items())
+    elif isinstance(headers, list | tuple):
+        items = headers
+    else:
+        raise InvalidRecordError(
+            f"headers must be a list of (str, bytes | None) pairs or a dict, "
+            f"got {type(headers).__name__}"
+        )
+    if not items:
+        return NO_HEADERS
+    try:
+        return encode_headers(items)
+    except EncodeError as exc:
+        raise InvalidRecordError(f"bad headers: {exc}") from None
+
+
+def check_timestamp(ts: object) -> int:
+    """A record timestamp: an int (milliseconds since the epoch) in [0, 2**63)."""
+    if isinstance(ts, bool) or not isinstance(ts, int | np.integer):
+        raise InvalidRecordError(
+            f"timestamp_ms must be an int (milliseconds) or None, got {type(ts).__name__}"
+        )
+    t = int(ts)
+    if not 0 <= t <= _INT64_MAX:
+        raise InvalidRecordError(f"timestamp_ms must be in [0, 2**63), got {t}")
+    return t
+
+
+def check_partition(partition: object, partitions: int, topic: str) -> int:
+    """An explicit partition: an int in [0, partitions)."""
+    if isinstance(partition, bool) or not isinstance(partition, int | np.integer):
+        raise InvalidRecordError(
+            f"partition must be an int or None, got {type(partition).__name__}"
+        )
+    p = int(partition)
+    if not 0 <= p < partitions:
+        raise UnknownPartitionError(
+            f"partition {p} of topic {topic!r} does not exist (it has {partitions})"
+        )
+    return p

@@ -14,26 +14,26 @@ from shmprod.errors import (
 
 __version__ = "0.1.0"
 
-from shmprod.futures import BatchFuture, BatchMetadata, RecordFuture, RecordMetadata  # noqa: E402
-from shmprod.handle import Handle  # noqa: E402
-from shmprod.producer import Producer, attach  # noqa: E402
+from shmprod.futures import BatchFuture, BatchMetadata, RecordFuture, RecordMetadata
+from shmprod.handle import Handle
+from shmprod.producer import Producer, attach
 
 __all__ = [
     "BatchFuture",
     "BatchMetadata",
-    "Handle",
-    "Producer",
-    "RecordFuture",
-    "RecordMetadata",
-    "attach",
     "BrokerError",
     "CompressionError",
     "ConfigError",
     "DecodeError",
     "EncodeError",
+    "Handle",
     "KafkaConnectionError",
     "KafkaError",
+    "Producer",
     "ProtocolError",
+    "RecordFuture",
+    "RecordMetadata",
     "ShmprodError",
     "__version__",
+    "attach",
 ]

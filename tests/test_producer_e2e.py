@@ -56,7 +56,10 @@ def _send_all(handle: Handle, proc: int) -> tuple[int, np.ndarray, np.ndarray]:
             values = pa.array([_value(proc, i) for i in idx], pa.binary())
             keys = pa.array([_key(proc, i) for i in idx], pa.binary())
             batch_futures.append(
-                (start, worker.send_batch("e2e", values, keys=keys, headers=[("proc", b"%d" % proc)]))
+                (
+                    start,
+                    worker.send_batch("e2e", values, keys=keys, headers=[("proc", b"%d" % proc)]),
+                )
             )
         worker.flush(timeout=120)
         for i, fut in enumerate(futures):

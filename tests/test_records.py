@@ -557,6 +557,27 @@ def test_split_batches_respects_budget_and_matches_per_record(
         assert len(want) <= batch_size or e - s == 1  # a lone oversized record is allowed
 
 
+@pytest.mark.parametrize("batch_size", [1024, 4096, 16384, 100_000])
+@pytest.mark.parametrize("row", [1, 9, 40])
+def test_split_batches_with_wide_offset_deltas(batch_size: int, row: int) -> None:
+    """Batches of more than 64 (and 8192) rows, where offsetDelta needs 2 (3) bytes."""
+    n = 30_000
+    vals = [b"v" * row] * n
+    keys = [b"k%07d" % i for i in range(n)]
+    bounds = V.split_batches(vals, keys, 7, batch_size=batch_size)
+    for batch in V.iter_encoded_batches(vals, keys, 7, bounds=bounds):
+        assert R.HEADER_SIZE + len(batch.records) <= batch_size
+    # The last batch, where the estimate reaches the last row, for every column length
+    # around the point where the whole column just fits.
+    for m in range(100, 400, 7):
+        for batch in V.iter_encoded_batches(vals[:m], keys[:m], 7, batch_size=batch_size):
+            assert R.HEADER_SIZE + len(batch.records) <= batch_size, m
+    # tight: one more row would not have fit
+    sizes = V.record_sizes(vals, keys, 7)
+    assert int(bounds[1]) < n
+    assert R.HEADER_SIZE + int(sizes[: int(bounds[1]) + 1].sum()) > batch_size - 3
+
+
 def test_iter_encoded_batches_spans_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Many small batches over several encoding chunks, explicit bounds."""
     monkeypatch.setattr(V, "CHUNK_BYTES", 4096)

@@ -457,8 +457,8 @@ def _split(cols: _Columns, batch_size: int, max_records: int | None) -> I64:
         for w, grid in enumerate(grids, start=1):
             target = int(grid[start]) + budget + offset
             end = int(np.searchsorted(grid, target, side="right")) - 1
-            if end - start <= regions[w] or end >= limit:
-                break
+            if end - start <= regions[w]:
+                break  # every row of the batch has an offsetDelta of w bytes or fewer
             offset += regions[w]
         end = max(min(end, limit), start + 1)  # a row too big for an empty batch: alone
         out.append(end)

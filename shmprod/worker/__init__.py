@@ -4,8 +4,9 @@ Any process on the host that holds a :class:`~shmprod.handle.Handle` attaches, e
 its records straight into pool buffers in shared memory and hands sealed batches to the
 sender process; futures resolve in the process that sent.
 
-Modules: :mod:`.client` (the Worker: control socket, I/O thread, buffers, futures,
-flush/close/stats), :mod:`.append` (open batches, seal), :mod:`.bulk` (``send_batch``,
+Modules: :mod:`.client` (the Worker's public API: attach, send, send_batch, flush,
+close, stats, fork and exit hooks), :mod:`.core` (state lock, buffers, batches, the
+control-socket I/O thread), :mod:`.append` (open batches, seal), :mod:`.bulk` (``send_batch``,
 vectorized), :mod:`.topics` (metadata cache, topic names), :mod:`.inputs` (argument
 checks), :mod:`.shmstats` (counters read from shared memory).
 """

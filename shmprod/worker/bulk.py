@@ -302,11 +302,13 @@ class _Writer:
         with w._lock:
             if run > 1:
                 return w._obtain_locked(run, 1, self.deadline)[0]
-            window = max(1, min(self.estimate, _MAX_WINDOW, max(1, w._geo.n_buffers // 4)))
+            window = max(1, min(self.estimate, _MAX_WINDOW, w._geo.n_buffers // 8))
             self.buffers = w._obtain_locked(1, window, self.deadline)
         return self.buffers.pop()
 
     def write(self, batch: V.EncodedBatch, partition: int) -> None:
+        """Writes one whole batch into a granted buffer (compressed here when a codec is
+        set). Runs in: worker, no lock: the buffer is this call's alone until handed over."""
         w = self.w
         geo = w._geo
         size = HEADER_SIZE + len(batch.records)
@@ -333,7 +335,8 @@ class _Writer:
         self.estimate = max(1, self.estimate - 1)
 
     def hand_over(self) -> None:
-        """Registers and sends ``Sealed`` for every written batch (state lock held once)."""
+        """Marks the written batches' DESCRIPTORs SEALED, registers their outcomes and sends
+        their ``Sealed`` messages. Runs in: worker, taking the state lock once."""
         if not self.pending:
             return
         w = self.w
@@ -407,22 +410,20 @@ def send_batch(
             for batch in batches:
                 writer.write(batch, p)
         writer.hand_over()
-    except (ShmprodError, EncodeError) as exc:
-        writer.give_back()
+    except BaseException as exc:
         handed = len(writer.outcomes) - len(writer.pending)
-        if handed == 0:
-            for item in writer.pending:
-                with w._lock:
-                    w._give_back_locked([item[0]], item[1])
-            if isinstance(exc, EncodeError):
-                raise InvalidRecordError(str(exc)) from None
+        writer.give_back()
+        with w._lock:
+            for item in writer.pending:  # written, never handed over: still ours
+                w._give_back_locked([item[0]], item[1])
+        writer.pending.clear()
+        if isinstance(exc, EncodeError) and handed == 0:
+            raise InvalidRecordError(str(exc)) from None
+        if handed == 0 or not isinstance(exc, ShmprodError | EncodeError):
             raise
         del writer.outcomes[handed:]
         del writer.counts[handed:]
-        for item in writer.pending:
-            with w._lock:
-                w._give_back_locked([item[0]], item[1])
-        rest = BatchOutcome(w._done_lock, topic, -1)
+        rest = BatchOutcome(w._done_lock, topic, -1)  # the rows never handed over
         rest.fail(exc)
         writer.outcomes.append(rest)
         writer.counts.append(cols.n - sum(writer.counts))

@@ -129,7 +129,7 @@ class TopicTable:
             return None
         if state != L.TOPIC_READY or n < 1 or base + n > geo.max_partitions:
             return None
-        if raw != name.encode("ascii"):
+        if raw != name.encode("utf-8", "replace"):
             return None
         return n, base
 

@@ -1,0 +1,604 @@
+"""The worker's machinery: state, buffers, batches and the control-socket I/O thread.
+
+:class:`WorkerCore` holds everything one attachment keeps in its process -- the state
+lock and its Condition, open batches per partition slot, outcomes waiting for ``Done``,
+the stock of granted buffers and the ``Alloc`` requests being waited for -- and runs the
+background I/O thread. :class:`shmprod.worker.client.Worker` builds the public API on
+top of it (attach, send, send_batch, flush, close, stats).
+
+The I/O thread selects on the control socket and a wake-up socketpair, with a timeout
+equal to the next linger deadline: it seals batches whose linger expired, receives
+``Grant`` / ``TopicInfo`` / ``Done`` / ``Fatal`` / ``Ready``, resolves futures (their
+callbacks run in this thread, never under the state lock), gives idle stock back after
+200 ms, and on EOF (the sender died) fails every pending future with
+:class:`SenderDiedError` at once. A callback may call ``send``: if that must wait (a
+buffer, a topic), the I/O thread reads the socket itself meanwhile and keeps ``Done``
+messages for after the callback (no nesting).
+
+Buffers: the sender owns every free buffer. A thread that needs one takes it from the
+stock or asks with ``Alloc(request_id, run, count)`` and waits for the ``Grant``, at most
+``max_block_ms`` (then :class:`BufferExhaustedError`); a Grant that arrives after its
+waiter gave up goes to the stock (runs go back with ``Release``). When a batch fills,
+one buffer is requested ahead (prefetch) so the next batch rarely waits.
+
+Ordering: records are appended and ``Sealed`` messages sent while holding the state
+lock, so the batches of one partition reach the sender in the order this process
+appended them. Every wait has a timeout.
+
+Runs in: worker. Shared memory is written only in buffers granted to this worker and in
+its own WORKER slot (one writer each, no cross-process lock); TOPIC, STATS and
+PARTITION regions are only read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Final
+
+from shmprod import ipc
+from shmprod import layout as L
+from shmprod.config import ProducerConfig
+from shmprod.errors import (
+    BufferExhaustedError,
+    ProducerClosedError,
+    ProducerError,
+    SenderDiedError,
+    ShmprodError,
+    error_from_code,
+)
+from shmprod.futures import BatchOutcome
+from shmprod.partitioner import Murmur2Partitioner, default_random_source, get_partitioner
+from shmprod.protocol.records import HEADER_SIZE
+from shmprod.shm import Segment
+from shmprod.worker import append as A
+from shmprod.worker import shmstats
+from shmprod.worker.topics import TopicEntry, TopicTable
+
+__all__ = ["CLOSED", "CLOSING", "FORKED", "OPEN", "WorkerCore"]
+
+log = logging.getLogger(__name__)
+
+OPEN: Final = 0
+CLOSING: Final = 1
+CLOSED: Final = 2
+FORKED: Final = 3
+
+IDLE_RELEASE_NS: Final = 200_000_000  # give spare buffers back after 200 ms without a batch
+IO_MAX_SLEEP: Final = 1.0
+RECV_SIZE: Final = 1 << 16
+
+
+class _Request:
+    """An ``Alloc`` a thread is waiting for."""
+
+    __slots__ = ("buffers", "count", "error", "run")
+
+    def __init__(self, run: int, count: int) -> None:
+        self.run = run
+        self.count = count
+        self.buffers: list[int] = []
+        self.error = 0
+
+
+class WorkerCore:
+    """State and machinery of one attachment (see the module docstring)."""
+
+    _seg: Segment
+    _view: memoryview
+    _geo: L.Geometry
+    _sock: socket.socket
+    _slot: int
+    _wake_r: socket.socket
+    _wake_w: socket.socket
+    _topics: TopicTable
+    _thread: threading.Thread
+
+    def __init__(self, cfg: ProducerConfig, owner: bool) -> None:
+        """Process-local state only; the subclass maps the segment and connects, then
+        calls :meth:`_start_io`."""
+        self._pid = os.getpid()
+        self._state = CLOSED  # until attached
+        self._owner = owner
+        self._config = cfg
+        self._key_ser = cfg.key_serializer
+        self._value_ser = cfg.value_serializer
+        self._partitioner = get_partitioner(cfg.partitioner)
+        self._murmur = isinstance(self._partitioner, Murmur2Partitioner)
+        self._codec = cfg.compression_codec
+        self._level = cfg.compression_level
+        self._batch_size = cfg.batch_size
+        self._records_room = cfg.batch_size - HEADER_SIZE
+        self._linger_ns = int(cfg.linger_ms * 1_000_000)
+        self._max_block_ms = cfg.max_block_ms
+        self._max_block_ns = cfg.max_block_ms * 1_000_000
+        self._max_request_size = cfg.max_request_size
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._done_lock = threading.Lock()
+        self._open: dict[int, A.OpenBatch] = {}
+        self._inflight: dict[int, tuple[BatchOutcome, int]] = {}
+        self._stock: list[int] = []
+        self._requests: dict[int, _Request] = {}
+        self._prefetch_rid = 0
+        self._request_ids = itertools.count(1)
+        self._next_batch_id = 1
+        self._fatal: tuple[int, str] | None = None
+        self._ready: ipc.Ready | None = None
+        self._flush_waiters = 0
+        self._io_deadline_ns = 2**63  # when the I/O thread will look at linger next
+        self._last_open_ns = time.monotonic_ns()
+        self._stop = False
+        self._scratch = bytearray()
+        self._reader = ipc.MessageReader()
+        self._early: list[ipc.Message] = []
+        self._deferred: list[ipc.Message] = []  # received, not yet applied (I/O thread)
+        self._eof = False
+        self._eof_message = "the sender closed the control connection (it died or exited)"
+        # this worker's counters (mirrored into its WORKER slot per batch)
+        self._records_appended = 0
+        self._bytes_appended = 0
+        self._batches_sealed = 0
+        self._send_errors = 0
+        self._records_acked = 0
+        self._records_failed = 0
+
+        self._rand = default_random_source()
+
+    def _start_io(self) -> None:
+        """Zeroes this worker's counters and starts the I/O thread. Runs in: worker, once
+        the segment is mapped and Welcome received."""
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._topics = TopicTable(self._view, self._geo, self._batch_size, self._rand)
+        base = self._geo.worker(self._slot)
+        for _, off in shmstats.WORKER_FIELDS:
+            L.U64.pack_into(self._view, base + off, 0)
+        self._state = OPEN
+        self._thread = threading.Thread(
+            target=self._io_main, name=f"shmprod-worker-io-{self._slot}", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------
+    # state checks
+    # ------------------------------------------------------------------------------
+
+    def _refuse(self) -> None:
+        """Raises why this Worker cannot send (called when ``_state`` or ``_fatal`` is set)."""
+        if self._state == FORKED:
+            raise ShmprodError(
+                f"this Worker was attached in process {self._pid}, not in this one "
+                f"({os.getpid()}): call shmprod.worker.attach(handle) in this process"
+            )
+        if self._fatal is not None:
+            raise error_from_code(*self._fatal)
+        raise ProducerClosedError("send after close: this Worker is closed or closing")
+
+    def _check_alive(self) -> None:
+        """Raises the fatal error once the producer failed or closed. Lock held or not."""
+        if self._fatal is not None or self._state in (CLOSED, FORKED):
+            self._refuse()
+
+    def _check_process(self) -> None:
+        """Raises in a forked child that inherited this Worker."""
+        if self._state == FORKED:
+            self._refuse()
+
+    def _topic_locked(self, topic: str) -> TopicEntry:
+        """The topic's cached entry, asking the sender if needed (up to max_block_ms).
+
+        Runs in: worker, state lock held (released while waiting)."""
+        return self._topics.get(
+            topic,
+            self._wait_locked,
+            self._send_msg_locked,
+            self._new_request_id,
+            self._check_alive,
+            self._max_block_ms,
+        )
+
+    def _new_request_id(self) -> int:
+        return next(self._request_ids)
+
+    # ------------------------------------------------------------------------------
+    # batches
+    # ------------------------------------------------------------------------------
+
+    def _new_batch_locked(
+        self, entry: TopicEntry, slot: int, buf: int, run: int, capacity: int
+    ) -> A.OpenBatch:
+        """Starts a batch in granted ``buf``. Runs in: worker, state lock held; the
+        buffer is this worker's alone (granted, not sealed), so shm needs no lock."""
+        bid = self._next_batch_id
+        self._next_batch_id = bid + 1
+        outcome = BatchOutcome(self._done_lock, entry.name, slot - entry.base)
+        now = time.monotonic_ns()
+        self._last_open_ns = now
+        return A.open_batch(
+            self._view,
+            self._geo,
+            self._slot,
+            buf,
+            run,
+            capacity,
+            slot,
+            bid,
+            outcome,
+            now,
+            self._linger_ns,
+        )
+
+    def _open_locked(self, entry: TopicEntry, slot: int, buf: int, run: int, capacity: int) -> None:
+        """Makes a new batch the open one of ``slot``; wakes the I/O thread if its linger
+        deadline comes first. Runs in: worker, state lock held."""
+        b = self._new_batch_locked(entry, slot, buf, run, capacity)
+        self._open[slot] = b
+        if b.deadline_ns < self._io_deadline_ns:
+            self._io_deadline_ns = b.deadline_ns
+            self._wake()
+
+    def _seal_locked(self, b: A.OpenBatch) -> bytes:
+        """Seals ``b`` and registers its outcome; returns the ``Sealed`` message to send
+        (the caller sends it under the same lock hold, keeping partition order).
+
+        Runs in: worker, state lock held; ``b``'s buffer is still this worker's alone."""
+        if self._open.get(b.slot) is b:
+            del self._open[b.slot]
+        msg, _length = A.seal(self._view, self._geo, b, self._codec, self._level, self._scratch)
+        self._inflight[b.batch_id] = (b.outcome, b.count)
+        self._batches_sealed += 1
+        self._publish_locked()
+        return ipc.encode(msg)
+
+    def _publish_locked(self) -> None:
+        """Mirrors this worker's counters into its WORKER slot. Runs in: worker, state
+        lock held (the slot has one writer, this worker; readers may see it one update old)."""
+        v = self._view
+        base = self._geo.worker(self._slot)
+        pack = L.U64.pack_into
+        pack(v, base + L.W_RECORDS_APPENDED, self._records_appended)
+        pack(v, base + L.W_BYTES_APPENDED, self._bytes_appended)
+        pack(v, base + L.W_BATCHES_SEALED, self._batches_sealed)
+        pack(v, base + L.W_SEND_ERRORS, self._send_errors)
+        pack(v, base + L.W_RECORDS_ACKED, self._records_acked)
+        pack(v, base + L.W_RECORDS_FAILED, self._records_failed)
+
+    def _seal_all_locked(self, slots: Sequence[int] | None = None) -> None:
+        """Seals this process's open batches (of ``slots``, or all) and sends them.
+
+        Runs in: worker, state lock held."""
+        todo = (
+            list(self._open.values())
+            if slots is None
+            else [self._open[s] for s in slots if s in self._open]
+        )
+        if todo:
+            self._send_locked(b"".join(self._seal_locked(b) for b in todo))
+
+    # ------------------------------------------------------------------------------
+    # buffers
+    # ------------------------------------------------------------------------------
+
+    def _obtain_locked(self, run: int, count: int, deadline_ns: int) -> list[int]:
+        """``count`` granted runs of ``run`` buffers (first buffer of each), from the stock
+        or by ``Alloc``; waits at most until ``deadline_ns`` (BufferExhaustedError).
+
+        Runs in: worker, state lock held; the lock is released while waiting.
+        """
+        got: list[int] = []
+        if run == 1 and self._stock:
+            take = min(len(self._stock), count)
+            got = self._stock[-take:]
+            del self._stock[-take:]
+            if take == count:
+                return got
+        need = count - len(got)
+        rid = next(self._request_ids)
+        req = _Request(run, need)
+        self._requests[rid] = req
+        try:
+            self._send_msg_locked(ipc.Alloc(rid, run, need))
+            while len(got) + len(req.buffers) < count:
+                self._check_alive()
+                if req.error:
+                    raise error_from_code(
+                        req.error, f"the sender refused {need} run(s) of {run} buffer(s)"
+                    )
+                if run == 1 and self._stock:
+                    # a buffer came back to the stock (a prefetch, a late grant): use it;
+                    # what this request still gets later goes to the stock
+                    take = min(len(self._stock), count - len(got) - len(req.buffers))
+                    got += self._stock[-take:]
+                    del self._stock[-take:]
+                    continue
+                remaining = deadline_ns - time.monotonic_ns()
+                if remaining <= 0:
+                    raise BufferExhaustedError(
+                        f"no free pool buffer within max_block_ms={self._max_block_ms} "
+                        f"({count - len(got) - len(req.buffers)} run(s) of {run} buffer(s) "
+                        "still wanted)"
+                    )
+                self._wait_locked(remaining / 1e9)
+        except BaseException:
+            del self._requests[rid]
+            self._give_back_locked(got + req.buffers, run)
+            raise
+        del self._requests[rid]
+        got += req.buffers
+        if len(got) > count:
+            self._give_back_locked(got[count:], run)
+        return got[:count]
+
+    def _give_back_locked(self, buffers: list[int], run: int) -> None:
+        """Unused granted buffers: single ones to the stock, runs back to the sender."""
+        if not buffers:
+            return
+        if run == 1:
+            self._stock.extend(buffers)
+            return
+        if self._fatal is None:
+            with contextlib.suppress(ShmprodError):
+                self._send_msg_locked(ipc.Release(run, tuple(buffers)))
+
+    def _prefetch_locked(self) -> None:
+        """Asks for one buffer ahead of need (the Grant goes to the stock)."""
+        rid = next(self._request_ids)
+        self._prefetch_rid = rid
+        self._send_msg_locked(ipc.Alloc(rid, 1, 1))
+
+    def _on_grant_locked(self, g: ipc.Grant) -> None:
+        try:
+            for b in g.buffers:
+                self._geo.check_run(b, g.run)
+        except IndexError as exc:
+            log.error("ignoring a Grant with buffers outside the pool: %s", exc)
+            return
+        req = self._requests.get(g.request_id)
+        if req is None:
+            if g.request_id == self._prefetch_rid:
+                self._prefetch_rid = 0
+            if not g.error:
+                self._give_back_locked(list(g.buffers), g.run)
+            return
+        if g.error:
+            req.error = g.error
+        else:
+            req.buffers.extend(g.buffers)
+        self._cond.notify_all()
+
+    # ------------------------------------------------------------------------------
+    # control socket
+    # ------------------------------------------------------------------------------
+
+    def _send_msg_locked(self, msg: ipc.Message) -> None:
+        self._send_locked(ipc.encode(msg))
+
+    def _send_locked(self, data: bytes) -> None:
+        """Writes control bytes (state lock held, so messages keep their order)."""
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            self._mark_dead_locked(f"the control connection failed: {exc!r}")
+            raise SenderDiedError(f"the sender is unreachable: {exc!r}") from None
+
+    def _mark_dead_locked(self, message: str) -> None:
+        """Records the sender as gone and shuts the socket so the I/O thread fails all."""
+        if self._fatal is None:
+            self._fatal = (SenderDiedError.code, message)
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._cond.notify_all()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    # ------------------------------------------------------------------------------
+    # the I/O thread
+    # ------------------------------------------------------------------------------
+
+    def _io_main(self) -> None:
+        """Runs in: the worker's I/O thread (one per Worker)."""
+        sock, wake = self._sock, self._wake_r
+        try:
+            self._deferred.extend(self._early)
+            self._early = []
+            while not self._stop:
+                if self._deferred:
+                    self._handle()
+                if self._eof:
+                    if not self._stop:
+                        self._fail_everything(SenderDiedError.code, self._eof_message)
+                    return
+                timeout = self._tick(time.monotonic_ns())
+                try:
+                    ready, _, _ = select.select([sock, wake], [], [], timeout)
+                except (OSError, ValueError):
+                    if self._stop:
+                        return
+                    raise
+                if wake in ready:
+                    with contextlib.suppress(OSError):
+                        wake.recv(4096)
+                if sock in ready:
+                    self._receive()
+        except BaseException as exc:
+            log.exception("shmprod worker I/O thread failed")
+            self._fail_everything(ProducerError.code, f"the worker's I/O thread failed: {exc!r}")
+
+    def _receive(self) -> None:
+        """Reads what the control socket has into ``_deferred``; notes EOF in ``_eof``.
+
+        Runs in: worker I/O thread only (the main loop, or a wait inside a callback).
+        """
+        try:
+            data = self._sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._eof = True
+            return
+        try:
+            self._deferred.extend(self._reader.feed(data))
+        except ipc.IpcError as exc:
+            self._eof = True
+            self._eof_message = f"bad control message from the sender: {exc}"
+
+    def _wait_locked(self, timeout: float) -> None:
+        """Waits for the state to change (state lock held, released while waiting).
+
+        In the I/O thread -- a future callback that sends and must wait for a buffer or a
+        topic -- nobody else would read the socket, so this reads it and applies what a
+        waiter needs (Grant, TopicInfo, Ready, Fatal) at once; ``Done`` messages are kept
+        until the callback returns, so callbacks never nest.
+        """
+        if threading.current_thread() is not self._thread:
+            self._cond.wait(timeout)
+            return
+        if not self._eof:
+            self._lock.release()
+            try:
+                ready, _, _ = select.select([self._sock], [], [], max(0.0, timeout))
+                if ready:
+                    self._receive()
+            finally:
+                self._lock.acquire()
+        if self._eof and self._fatal is None:
+            self._fatal = (SenderDiedError.code, self._eof_message)
+        keep: list[ipc.Message] = []
+        for m in self._deferred:
+            if type(m) is ipc.Done:
+                keep.append(m)
+            elif isinstance(m, ipc.Fatal):
+                if self._fatal is None:
+                    self._fatal = (m.error, m.message or "the producer failed or closed")
+                keep.append(m)
+            else:
+                self._apply_locked(m)
+        self._deferred = keep
+
+    def _apply_locked(self, m: ipc.Message) -> None:
+        """Applies one control message other than Done and Fatal. State lock held."""
+        if isinstance(m, ipc.Grant):
+            self._on_grant_locked(m)
+        elif isinstance(m, ipc.TopicInfo):
+            if self._topics.on_info(m):
+                self._cond.notify_all()
+        elif isinstance(m, ipc.Ready):
+            self._ready = m
+            self._cond.notify_all()
+        else:
+            log.warning("unexpected control message %s", type(m).__name__)
+
+    def _tick(self, now: int) -> float:
+        """Seals batches whose linger expired, gives idle stock back; returns how long
+        the I/O thread may sleep. Runs in: worker I/O thread."""
+        with self._lock:
+            if self._fatal is not None or self._state >= CLOSED:
+                self._io_deadline_ns = now + int(IO_MAX_SLEEP * 1e9)
+                return IO_MAX_SLEEP
+            due = [b for b in self._open.values() if b.deadline_ns <= now]
+            if due:
+                try:
+                    self._seal_all_locked([b.slot for b in due])
+                except SenderDiedError:
+                    return 0.0
+            nxt = now + int(IO_MAX_SLEEP * 1e9)
+            for b in self._open.values():
+                if b.deadline_ns < nxt:
+                    nxt = b.deadline_ns
+            if self._stock and not self._open and not self._requests:
+                idle_at = self._last_open_ns + IDLE_RELEASE_NS
+                if idle_at <= now:
+                    self._release_stock_locked()
+                elif idle_at < nxt:
+                    nxt = idle_at
+            self._io_deadline_ns = nxt
+        return max(0.0, (nxt - now) / 1e9)
+
+    def _release_stock_locked(self) -> None:
+        if self._stock and self._fatal is None:
+            stock, self._stock = self._stock, []
+            with contextlib.suppress(SenderDiedError):
+                self._send_msg_locked(ipc.Release(1, tuple(stock)))
+
+    def _handle(self) -> None:
+        """Applies the received control messages; resolves futures outside the lock.
+
+        Runs in: worker I/O thread.
+        """
+        done: list[tuple[ipc.Done, BatchOutcome]] = []
+        fatal: ipc.Fatal | None = None
+        with self._lock:
+            msgs, self._deferred = self._deferred, []
+            inflight = self._inflight
+            for m in msgs:
+                if type(m) is ipc.Done:
+                    item = inflight.get(m.batch_id)
+                    if item is not None:
+                        done.append((m, item[0]))
+                    else:
+                        log.debug("Done for unknown batch %d", m.batch_id)
+                elif isinstance(m, ipc.Fatal):
+                    fatal = m
+                else:
+                    self._apply_locked(m)
+        for m, outcome in done:
+            if m.error == 0:
+                outcome.succeed(m.base_offset, m.log_append_time_ms)
+            else:
+                outcome.fail(error_from_code(m.error, m.message, m.retriable))
+        if done:
+            with self._lock:
+                for m, _ in done:
+                    item = inflight.pop(m.batch_id, None)
+                    if item is not None:
+                        if m.error == 0:
+                            self._records_acked += item[1]
+                        else:
+                            self._records_failed += item[1]
+                self._publish_locked()
+                if self._flush_waiters:
+                    self._cond.notify_all()
+        if fatal is not None:
+            self._fail_everything(fatal.error, fatal.message or "the producer failed or closed")
+
+    def _fail_everything(self, code: int, message: str) -> None:
+        """Fails every pending record of this worker (sender death, Fatal, shutdown).
+
+        Runs in: worker (I/O thread or closing thread); callbacks run outside the lock.
+        """
+        with self._lock:
+            if self._fatal is None:
+                self._fatal = (code, message)
+            code, message = self._fatal
+            outcomes = [(b.outcome, b.count) for b in self._open.values()]
+            for b in self._open.values():
+                b.release()
+            self._open.clear()
+            outcomes += self._inflight.values()
+            self._stock.clear()
+            self._topics.forget_pending()
+            self._cond.notify_all()
+        if outcomes:
+            error = error_from_code(code, message)
+            for outcome, _ in outcomes:
+                outcome.fail(error)
+            with self._lock:
+                self._records_failed += sum(n for _, n in outcomes)
+                self._inflight.clear()
+                with contextlib.suppress(ValueError):
+                    self._publish_locked()
+                self._cond.notify_all()

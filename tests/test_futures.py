@@ -1,0 +1,165 @@
+"""Futures: one outcome per Kafka batch, record futures as (outcome, index), and batch
+futures that fill offsets in input order with numpy."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shmprod.errors import KafkaError, SenderDiedError
+from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, RecordMetadata
+
+
+@pytest.fixture
+def lock() -> threading.Lock:
+    return threading.Lock()
+
+
+def test_record_future_offset_is_base_plus_index(lock: threading.Lock) -> None:
+    o = BatchOutcome(lock, "t", 3)
+    futs = [RecordFuture(o, i, 1000 + i) for i in range(3)]
+    assert not any(f.done() for f in futs) and futs[0].running()
+    o.succeed(500)
+    assert [f.result(0) for f in futs] == [
+        RecordMetadata("t", 3, 500 + i, 1000 + i) for i in range(3)
+    ]
+    assert futs[1].exception(0) is None
+    assert not futs[0].cancel() and not futs[0].cancelled()
+
+
+def test_log_append_time_and_acks0(lock: threading.Lock) -> None:
+    o = BatchOutcome(lock, "t", 0)
+    o.succeed(-1, 777)
+    md = RecordFuture(o, 4, 1).result(0)
+    assert md.offset == -1 and md.timestamp_ms == 777
+
+
+def test_failure_raises_and_first_outcome_sticks(lock: threading.Lock) -> None:
+    o = BatchOutcome(lock, "t", 0)
+    f = RecordFuture(o, 0, 0)
+    o.fail(KafkaError(87))
+    o.succeed(1)  # ignored
+    with pytest.raises(KafkaError) as ei:
+        f.result(0)
+    assert ei.value.code == 87
+    assert isinstance(f.exception(0), KafkaError)
+
+
+def test_result_times_out(lock: threading.Lock) -> None:
+    f = RecordFuture(BatchOutcome(lock, "t", 0), 0, 0)
+    t0 = time.monotonic()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        f.result(0.05)
+    with pytest.raises(TimeoutError):
+        f.exception(0.01)
+    assert time.monotonic() - t0 < 2
+
+
+def test_waiter_wakes_when_resolved_from_another_thread(lock: threading.Lock) -> None:
+    o = BatchOutcome(lock, "t", 0)
+    f = RecordFuture(o, 2, 0)
+    threading.Timer(0.05, o.succeed, args=(10,)).start()
+    assert f.result(5).offset == 12
+
+
+def test_callbacks_run_once_and_at_once_when_done(
+    lock: threading.Lock, caplog: pytest.LogCaptureFixture
+) -> None:
+    o = BatchOutcome(lock, "t", 0)
+    f = RecordFuture(o, 0, 0)
+    seen: list[object] = []
+
+    def boom(_f: RecordFuture) -> None:
+        raise RuntimeError("callback bug")
+
+    f.add_done_callback(seen.append)
+    f.add_done_callback(boom)
+    f.add_done_callback(lambda fut: seen.append(fut.result(0).offset))
+    with caplog.at_level(logging.ERROR, logger="shmprod.futures"):
+        o.succeed(9)
+    assert seen == [f, 9]
+    assert "callback" in caplog.text
+    f.add_done_callback(seen.append)  # already done: runs now
+    assert seen[-1] is f
+
+
+def test_to_concurrent(lock: threading.Lock) -> None:
+    o = BatchOutcome(lock, "t", 1)
+    cf = RecordFuture(o, 1, 5).to_concurrent()
+    assert isinstance(cf, concurrent.futures.Future) and not cf.done()
+    o.succeed(10)
+    assert cf.result(1) == RecordMetadata("t", 1, 11, 5)
+    o2 = BatchOutcome(lock, "t", 1)
+    cf2 = RecordFuture(o2, 0, 0).to_concurrent()
+    o2.fail(SenderDiedError("gone"))
+    assert isinstance(cf2.exception(1), SenderDiedError)
+
+
+def test_record_future_is_not_picklable(lock: threading.Lock) -> None:
+    import pickle
+
+    with pytest.raises(TypeError):
+        pickle.dumps(RecordFuture(BatchOutcome(lock, "t", 0), 0, 0))
+
+
+def _batch_future(lock: threading.Lock) -> tuple[BatchFuture, list[BatchOutcome]]:
+    # 6 input rows; partitions [1, 0, 1, 0, 0, 1]; stable sort -> rows 1,3,4 | 0,2,5
+    parts = np.array([1, 0, 1, 0, 0, 1], np.int32)
+    order = np.argsort(parts, kind="stable")
+    outcomes = [BatchOutcome(lock, "t", 0), BatchOutcome(lock, "t", 1), BatchOutcome(lock, "t", 1)]
+    ts = np.arange(100, 106, dtype=np.int64)
+    fut = BatchFuture(lock, "t", parts, ts, order, outcomes, [3, 2, 1])
+    return fut, outcomes
+
+
+def test_batch_future_offsets_in_input_order(lock: threading.Lock) -> None:
+    fut, outcomes = _batch_future(lock)
+    seen: list[BatchFuture] = []
+    fut.add_done_callback(seen.append)
+    outcomes[0].succeed(40)
+    outcomes[2].succeed(90)
+    assert not fut.done() and not seen
+    outcomes[1].succeed(70, 5555)
+    md = fut.result(1)
+    assert seen == [fut]
+    assert md.partitions.tolist() == [1, 0, 1, 0, 0, 1]
+    # partition 0 rows 1,3,4 -> 40,41,42; partition 1 rows 0,2 -> 70,71 and row 5 -> 90
+    assert md.offsets.tolist() == [70, 40, 71, 41, 42, 90]
+    assert md.timestamps_ms.tolist() == [5555, 101, 5555, 103, 104, 105]
+    assert len(md) == 6 and md.topic == "t"
+
+
+def test_batch_future_failure_and_partial_result(lock: threading.Lock) -> None:
+    fut, outcomes = _batch_future(lock)
+    outcomes[1].fail(KafkaError(10))
+    outcomes[0].succeed(0)
+    outcomes[2].fail(KafkaError(2))
+    with pytest.raises(KafkaError) as ei:
+        fut.result(1)
+    assert ei.value.code == 10  # the first error sticks
+    md = fut.partial_result(0)
+    assert md.offsets.tolist() == [-1, 0, -1, 1, 2, -1]
+    assert fut.exception(0) is ei.value
+
+
+def test_batch_future_empty_and_timeout(lock: threading.Lock) -> None:
+    empty = BatchFuture(lock, "t", np.zeros(0, np.int32), np.zeros(0, np.int64), None, [], [])
+    assert empty.done() and len(empty.result(0)) == 0
+    fut, _ = _batch_future(lock)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        fut.result(0.01)
+    with pytest.raises(ValueError):
+        BatchFuture(lock, "t", np.zeros(2, np.int32), np.zeros(2, np.int64), None, [], [1])
+
+
+def test_batch_future_to_concurrent(lock: threading.Lock) -> None:
+    fut, outcomes = _batch_future(lock)
+    cf = fut.to_concurrent()
+    for o in outcomes:
+        o.succeed(0)
+    assert len(cf.result(1)) == 6

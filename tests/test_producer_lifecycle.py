@@ -1,0 +1,208 @@
+"""Start, close, death of the owner, back-pressure, bad input and stats of the producer."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+from shmprod import Producer, attach
+from shmprod.broker import EmbeddedBroker
+from shmprod.config import ProducerConfig
+from shmprod.errors import (
+    BufferExhaustedError,
+    ConfigError,
+    InvalidRecordError,
+    InvalidTopicError,
+    ProducerClosedError,
+    RecordTooLargeError,
+    UnknownPartitionError,
+)
+from shmprod.handle import Handle
+from tests.readback import consume_all
+
+pytestmark = pytest.mark.broker
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_until(cond: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
+
+
+def test_close_leaves_nothing_behind(broker: EmbeddedBroker) -> None:
+    broker.create_topic("life-close", 2)
+    p = Producer(bootstrap_servers=broker.bootstrap)
+    segment, sender, sock = p.handle.segment, p.sender_pid, p.handle.socket_path
+    assert os.path.exists(f"/dev/shm/{segment}")
+    assert oct(os.stat(f"/dev/shm/{segment}").st_mode & 0o777) == "0o600"
+    p.send("life-close", b"x").result(timeout=30)
+    p.close()
+    p.close()  # idempotent
+    assert not os.path.exists(f"/dev/shm/{segment}")
+    assert not os.path.exists(os.path.dirname(sock))
+    assert _wait_until(lambda: _gone(sender), 10)
+    senders = [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if "shmprod.sender" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not senders
+    with pytest.raises(ProducerClosedError):
+        p.send("life-close", b"late")
+
+
+OWNER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from shmprod import Producer
+    p = Producer(bootstrap_servers=sys.argv[1])
+    p.send("life-owner", b"before death").result(timeout=30)
+    print(p.handle.segment, p.sender_pid, p.handle.socket_path, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_owner_killed_sender_cleans_up(broker: EmbeddedBroker) -> None:
+    broker.create_topic("life-owner", 1)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER_SCRIPT, broker.bootstrap],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None
+        segment, sender_s, sock = owner.stdout.readline().split()
+        sender = int(sender_s)
+        assert os.path.exists(f"/dev/shm/{segment}")
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        assert _wait_until(lambda: _gone(sender), 15), "the sender outlived its owner"
+        assert not os.path.exists(f"/dev/shm/{segment}")
+        assert not os.path.exists(sock)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(10)
+        if owner.stdout is not None:
+            owner.stdout.close()
+
+
+def test_buffer_full_blocks_then_raises(fresh_broker: EmbeddedBroker) -> None:
+    fresh_broker.create_topic("life-full", 1)
+    with Producer(
+        bootstrap_servers=fresh_broker.bootstrap,
+        batch_size=16 * 1024,
+        buffer_memory=64 * 1024,
+        max_block_ms=300,
+        linger_ms=0,
+        request_timeout_ms=20_000,
+        delivery_timeout_ms=60_000,
+    ) as p:
+        p.send("life-full", b"warm").result(timeout=30)
+        assert fresh_broker.pid is not None
+        os.kill(fresh_broker.pid, signal.SIGSTOP)
+        accepted = []
+        try:
+            with pytest.raises(BufferExhaustedError):
+                for i in range(10_000):
+                    accepted.append(p.send("life-full", b"%05d" % i + b"x" * 1000))
+            t0 = time.monotonic()
+            with pytest.raises(BufferExhaustedError):
+                p.send("life-full", b"y" * 1000)
+            assert 0.2 < time.monotonic() - t0 < 5
+        finally:
+            os.kill(fresh_broker.pid, signal.SIGCONT)
+        p.flush(timeout=60)
+        assert all(f.result(timeout=10).offset >= 0 for f in accepted)
+    landed = consume_all(fresh_broker.bootstrap, "life-full", 1, len(accepted) + 1, 30)
+    assert len(landed[0]) == len(accepted) + 1
+
+
+def test_bad_input_is_refused_with_nothing_written(broker: EmbeddedBroker) -> None:
+    broker.create_topic("life-bad", 2)
+    with Producer(bootstrap_servers=broker.bootstrap, max_request_size=64 * 1024) as p:
+        with pytest.raises(InvalidRecordError):
+            p.send("life-bad", "not bytes")
+        with pytest.raises(InvalidRecordError):
+            p.send("life-bad", b"v", key=12)
+        with pytest.raises(InvalidRecordError):
+            p.send("life-bad", b"v", headers=[("h", "str value")])
+        with pytest.raises(InvalidRecordError):
+            p.send("life-bad", b"v", headers=[(b"bytes key", b"v")])
+        with pytest.raises(UnknownPartitionError):
+            p.send("life-bad", b"v", partition=2)
+        with pytest.raises(RecordTooLargeError):
+            p.send("life-bad", b"x" * (65 * 1024))
+        for name in ("", "a" * 250, "bad topic", "..", "ünïcode"):
+            with pytest.raises(InvalidTopicError):
+                p.send(name, b"v")
+        with pytest.raises(InvalidRecordError):
+            p.send_batch("life-bad", [b"ok", 5])
+        with pytest.raises(UnknownPartitionError):
+            p.send_batch("life-bad", [b"a", b"b"], partitions=[0, 7])
+        p.send("life-bad", b"the only record", partition=1).result(timeout=30)
+    landed = consume_all(broker.bootstrap, "life-bad", 2, 1, 20)
+    assert [r.value for recs in landed.values() for r in recs] == [b"the only record"]
+
+
+def test_config_errors_name_the_option() -> None:
+    with pytest.raises(ConfigError, match="linger_mss"):
+        ProducerConfig.from_mapping({"bootstrap.servers": "127.0.0.1:1", "linger_mss": 5})
+    with pytest.raises(ConfigError, match="batch_size"):
+        Producer(bootstrap_servers="127.0.0.1:1", batch_size="big")
+    with pytest.raises(ConfigError, match="acks"):
+        Producer(bootstrap_servers="127.0.0.1:1", acks=2)
+    with pytest.raises(ConfigError, match="compression_type"):
+        Producer(bootstrap_servers="127.0.0.1:1", compression_type="brotli")
+    cfg = ProducerConfig.from_mapping(
+        {"bootstrap.servers": "h:1", "linger.ms": 10, "acks": "all", "compression.type": "lz4"}
+    )
+    assert (cfg.linger_ms, cfg.acks, cfg.compression_type) == (10, -1, "lz4")
+
+
+def _stats_in_child(handle: Handle, out: Any) -> None:
+    w = attach(handle)
+    try:
+        w.send("life-stats", b"from child").result(timeout=30)
+        out.put(w.stats())
+    finally:
+        w.close()
+
+
+def test_stats_from_owner_and_attached_process(broker: EmbeddedBroker) -> None:
+    broker.create_topic("life-stats", 3)
+    with Producer.from_config({"bootstrap.servers": broker.bootstrap, "linger.ms": 1}) as p:
+        p.send_batch("life-stats", [b"v%d" % i for i in range(1000)]).result(timeout=30)
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        child = ctx.Process(target=_stats_in_child, args=(p.handle, q))
+        child.start()
+        child_stats = q.get(timeout=60)
+        child.join(30)
+        owner_stats = p.stats()
+    for stats in (owner_stats, child_stats):
+        assert stats["sender"]["records_sent"] >= 1000
+        assert stats["pool"]["buffers_total"] > 0
+        assert "life-stats" in stats["topics"]
+    assert owner_stats["worker"]["records_appended"] == 1000
+    assert child_stats["worker"]["records_appended"] == 1

@@ -125,7 +125,11 @@ def measure(kind: str, workers: int, per_worker: int) -> float:
         try:
             procs = []
             for w in range(workers):
-                extra = (w, per_worker, mode, barrier, out) if producer else (w, per_worker, barrier, out)
+                extra = (
+                    (w, per_worker, mode, barrier, out)
+                    if producer
+                    else (w, per_worker, barrier, out)
+                )
                 proc = ctx.Process(target=target, args=args + extra)
                 proc.start()
                 procs.append(proc)

@@ -390,14 +390,15 @@ class FakeSender:
         self.next_base += n
         off = self.geo.topic(tslot)
         raw = name.encode()
+        epoch = L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0]
+        L.U64.pack_into(self.view, L.H_METADATA_EPOCH, epoch + 1)  # odd: writing (seqlock)
         L.U32.pack_into(self.view, off + L.T_N_PARTITIONS, n)
         L.U32.pack_into(self.view, off + L.T_PARTITION_BASE, base)
         L.I32.pack_into(self.view, off + L.T_ERROR, 0)
         L.U16.pack_into(self.view, off + L.T_NAME_LEN, len(raw))
         self.view[off + L.T_NAME : off + L.T_NAME + len(raw)] = raw
         L.U32.pack_into(self.view, off + L.T_STATE, L.TOPIC_READY)
-        epoch = L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0]
-        L.U64.pack_into(self.view, L.H_METADATA_EPOCH, epoch + 1)
+        L.U64.pack_into(self.view, L.H_METADATA_EPOCH, epoch + 2)  # even: written
         self.slots[name] = (tslot, n, base)
 
     def _topic(self, c: _Conn, msg: ipc.TopicRequest) -> None:

@@ -45,9 +45,23 @@ class SharedState:
     def state(self) -> int:
         return int(L.U32.unpack_from(self.view, L.H_STATE)[0])
 
+    def begin_table_write(self) -> None:
+        """Makes H_METADATA_EPOCH odd: the topic table is being written (a seqlock).
+
+        Readers that see an odd epoch, or a different epoch after reading, read again.
+        Runs in: sender.
+        """
+        epoch = int(L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0])
+        if epoch % 2 == 0:
+            L.U64.pack_into(self.view, L.H_METADATA_EPOCH, epoch + 1)
+
     def bump_metadata_epoch(self) -> int:
-        """Increments H_METADATA_EPOCH after a topic table change. Runs in: sender."""
-        epoch = int(L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0]) + 1
+        """Ends a topic table change: H_METADATA_EPOCH to the next even value.
+
+        Runs in: sender.
+        """
+        epoch = int(L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0])
+        epoch += 1 if epoch % 2 else 2
         L.U64.pack_into(self.view, L.H_METADATA_EPOCH, epoch)
         return epoch
 
@@ -94,6 +108,7 @@ class SharedState:
 
         Runs in: sender (the only writer of the topic table).
         """
+        self.begin_table_write()
         off = self.geo.topic(slot)
         raw = name.encode("utf-8")[: L.MAX_TOPIC_NAME]
         self.view[off + L.T_NAME : off + L.T_NAME + len(raw)] = raw

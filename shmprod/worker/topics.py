@@ -108,16 +108,20 @@ class TopicTable:
         """(partitions, first partition slot) of TOPIC ``slot`` if it is READY and names
         ``name`` with a range inside the table; None otherwise.
 
-        Runs in: worker (the sender writes slots; the epoch is read around the fields so
-        a change made while reading is retried, a bounded number of times).
+        Runs in: worker (the sender writes slots under a seqlock: the epoch is odd while
+        it writes, so an odd epoch, or one that changed while reading, is retried, a
+        bounded number of times).
         """
         geo = self._geo
         if not 0 <= slot < geo.max_topics:
             return None
         off = geo.topic(slot)
         view = self._view
-        for _ in range(4):
+        for attempt in range(1000):
             before = self.read_epoch()
+            if before % 2:  # the sender is writing the table (seqlock): read again
+                time.sleep(0 if attempt < 100 else 0.001)
+                continue
             state = L.U32.unpack_from(view, off + L.T_STATE)[0]
             n = L.U32.unpack_from(view, off + L.T_N_PARTITIONS)[0]
             base = L.U32.unpack_from(view, off + L.T_PARTITION_BASE)[0]

@@ -25,11 +25,15 @@ class Handle:
     config: dict[str, Any]
     key_serializer: Serializer | None = field(default=None, compare=False)
     value_serializer: Serializer | None = field(default=None, compare=False)
+    partitioner: Any = field(default=None, compare=False)  # a user callable, if any
 
     def producer_config(self) -> ProducerConfig:
         """The producer's configuration, rebuilt in the attaching process."""
+        config = dict(self.config)
+        if self.partitioner is not None:
+            config["partitioner"] = self.partitioner
         return ProducerConfig(
-            **self.config,
+            **config,
             key_serializer=self.key_serializer,
             value_serializer=self.value_serializer,
         )

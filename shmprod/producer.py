@@ -144,6 +144,7 @@ class Producer:
             config=cfg.to_wire(),
             key_serializer=cfg.key_serializer,
             value_serializer=cfg.value_serializer,
+            partitioner=None if isinstance(cfg.partitioner, str) else cfg.partitioner,
         )
         try:
             worker = attach(self.handle, owner=True)

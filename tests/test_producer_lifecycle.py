@@ -206,3 +206,40 @@ def test_stats_from_owner_and_attached_process(broker: EmbeddedBroker) -> None:
         assert "life-stats" in stats["topics"]
     assert owner_stats["worker"]["records_appended"] == 1000
     assert child_stats["worker"]["records_appended"] == 1
+
+
+def _last_partition(key: bytes | None, num_partitions: int) -> int:
+    return num_partitions - 1
+
+
+def _send_in_child(handle: Handle, out: Any) -> None:
+    w = attach(handle)
+    try:
+        out.put(w.send("life-custom", "v", key=b"k").result(timeout=30).partition)
+    finally:
+        w.close()
+
+
+def test_custom_partitioner_and_serializers_reach_attached_processes(
+    broker: EmbeddedBroker,
+) -> None:
+    broker.create_topic("life-custom", 4)
+    with Producer(
+        bootstrap_servers=broker.bootstrap,
+        partitioner=_last_partition,
+        value_serializer=str.encode,
+    ) as p:
+        assert p.send("life-custom", "text value", key=b"k").result(timeout=30).partition == 3
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        child = ctx.Process(target=_send_in_child, args=(p.handle, q))
+        child.start()
+        assert q.get(timeout=60) == 3
+        child.join(30)
+
+
+def test_shared_memory_space_is_checked_up_front() -> None:
+    from shmprod.shm import SharedMemoryError, check_space
+
+    with pytest.raises(SharedMemoryError, match="shm-size"):
+        check_space(1 << 60)

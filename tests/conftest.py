@@ -13,6 +13,22 @@ from shmprod.broker import EmbeddedBroker
 _topic_ids = itertools.count()
 
 
+def _segments() -> set[str]:
+    shm = "/dev/shm"
+    return {f for f in os.listdir(shm) if f.startswith("shmprod-")} if os.path.isdir(shm) else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_segments() -> Iterator[None]:
+    """Fails the run if any test left a shared-memory segment behind (and removes it)."""
+    before = _segments()
+    yield
+    leaked = _segments() - before
+    for name in leaked:
+        os.unlink(f"/dev/shm/{name}")
+    assert not leaked, f"tests left shared-memory segments behind: {sorted(leaked)}"
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[EmbeddedBroker]:
     """One embedded broker for the whole session; always stopped."""

@@ -18,7 +18,6 @@ from typing import TypeVar
 from shmprod.errors import DecodeError, KafkaConnectionError, KafkaError
 from shmprod.protocol.frames import FrameDecoder, UnsupportedVersionError, peek_correlation_id
 from shmprod.protocol.messages import (
-    SUPPORTED_VERSIONS,
     ApiVersionsRequest,
     ApiVersionsResponse,
     CreatableTopic,
@@ -37,9 +36,9 @@ from shmprod.protocol.messages import (
     Request,
     Response,
     TopicProduceData,
-    choose_version,
     decode_response,
     encode_request_segments,
+    version_for,
 )
 
 R = TypeVar("R", bound=Response)
@@ -163,12 +162,7 @@ class BrokerConnection:
 
     def version_for(self, api_key: int) -> int:
         """Highest version of ``api_key`` both shmprod and this broker speak."""
-        theirs = self.api_versions.get(api_key)
-        if theirs is None:
-            raise UnsupportedVersionError(
-                f"broker {self.host}:{self.port} does not offer api key {api_key}", api_key=api_key
-            )
-        return choose_version(api_key, *theirs, ours=SUPPORTED_VERSIONS.get(api_key))
+        return version_for(self.api_versions, api_key, f"{self.host}:{self.port}")
 
     # -- requests -----------------------------------------------------------------
 

@@ -556,12 +556,47 @@ def encode_batch_into(
     :class:`EncodeError` if the batch does not fit or a field is invalid.
     Runs in: worker.
     """
-    mv = _byte_view(buf)
-    _check_room(len(mv), offset, HEADER_SIZE)
-    attributes = batch_attributes(compression, transactional=transactional)
     parts: list[Bytes] = []
     count, max_ts = _section_parts(records, base_timestamp_ms, parts)
-    section = b"".join(parts)
+    return write_batch(
+        buf,
+        offset,
+        b"".join(parts),
+        record_count=count,
+        base_timestamp_ms=base_timestamp_ms,
+        max_timestamp_ms=max_ts,
+        compression=compression,
+        level=level,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        transactional=transactional,
+    )
+
+
+def write_batch(
+    buf: WritableBuffer,
+    offset: int,
+    section: Bytes,
+    *,
+    record_count: int,
+    base_timestamp_ms: int,
+    max_timestamp_ms: int,
+    compression: int = NONE,
+    level: int | None = None,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+) -> int:
+    """Writes a batch around an encoded records ``section`` at ``buf[offset:]``.
+
+    The section goes in as is (one copy) or compressed as one blob straight into ``buf``;
+    then the header, CRC last. Returns the offset just past the batch; EncodeError if it
+    does not fit. Every batch encoder ends here. Runs in: worker.
+    """
+    mv = _byte_view(buf)
+    _check_room(len(mv), offset, HEADER_SIZE)
     start = offset + RECORDS
     if compression == NONE:
         _check_room(len(mv), start, len(section))
@@ -573,10 +608,10 @@ def encode_batch_into(
         mv,
         offset,
         end,
-        attributes=attributes,
-        record_count=count,
+        attributes=batch_attributes(compression, transactional=transactional),
+        record_count=record_count,
         base_timestamp_ms=base_timestamp_ms,
-        max_timestamp_ms=max_ts,
+        max_timestamp_ms=max_timestamp_ms,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,

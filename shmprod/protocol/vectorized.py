@@ -46,7 +46,7 @@ from shmprod.protocol import compression as _codecs
 from shmprod.protocol import records as _records
 from shmprod.protocol.compression import NONE
 from shmprod.protocol.primitives import INT32_MAX
-from shmprod.protocol.records import HEADER_SIZE, RECORDS, Header, NewRecord
+from shmprod.protocol.records import HEADER_SIZE, Header, NewRecord
 
 __all__ = [
     "EncodedBatch",
@@ -818,31 +818,20 @@ class EncodedBatch:
         transactional: bool = False,
     ) -> int:
         """Writes the whole batch at ``buf[offset:]``, CRC last; returns its end offset."""
-        mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-        attributes = _records.batch_attributes(compression, transactional=transactional)
-        if offset < 0 or offset + HEADER_SIZE > len(mv):
-            raise EncodeError(f"no room for a batch at offset {offset}")
-        start = offset + RECORDS
-        if compression == NONE:
-            end = start + len(self.records)
-            if end > len(mv):
-                raise EncodeError(f"batch of {end - offset} bytes does not fit at {offset}")
-            mv[start:end] = self.records
-        else:
-            end = start + _records._compress_into(compression, self.records, mv[start:], level)
-        _records.write_batch_header(
-            mv,
+        return _records.write_batch(
+            buf,
             offset,
-            end,
-            attributes=attributes,
+            self.records,
             record_count=self.record_count,
             base_timestamp_ms=self.base_timestamp_ms,
             max_timestamp_ms=self.max_timestamp_ms,
+            compression=compression,
+            level=level,
             producer_id=producer_id,
             producer_epoch=producer_epoch,
             base_sequence=base_sequence,
+            transactional=transactional,
         )
-        return end
 
     def to_bytes(
         self, *, compression: int = NONE, level: int | None = None, **producer: Any

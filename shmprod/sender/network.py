@@ -37,18 +37,16 @@ from shmprod.protocol import error_codes as ec
 from shmprod.protocol.frames import (
     ApiKey,
     FrameDecoder,
-    UnsupportedVersionError,
     peek_correlation_id,
 )
 from shmprod.protocol.messages import (
-    SUPPORTED_VERSIONS,
     ApiVersionsRequest,
     ApiVersionsResponse,
     Request,
     Response,
-    choose_version,
     decode_response,
     encode_request_segments,
+    version_for,
 )
 
 IOV_MAX = 1024
@@ -208,12 +206,7 @@ class NodeConnection:
 
     def version_for(self, api_key: int) -> int:
         """Highest version of ``api_key`` both sides speak (UnsupportedVersionError if none)."""
-        theirs = self.api_versions.get(api_key)
-        if theirs is None:
-            raise UnsupportedVersionError(
-                f"broker {self.host}:{self.port} does not offer api key {api_key}", api_key=api_key
-            )
-        return choose_version(api_key, *theirs, ours=SUPPORTED_VERSIONS.get(api_key))
+        return version_for(self.api_versions, api_key, f"{self.host}:{self.port}")
 
     # -- sending -------------------------------------------------------------------------
 

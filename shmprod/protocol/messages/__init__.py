@@ -28,6 +28,7 @@ from shmprod.protocol.messages.codec import (
     encode_request_segments,
     encode_response,
     negotiate_versions,
+    version_for,
 )
 from shmprod.protocol.messages.create_topics import (
     CreatableReplicaAssignment,
@@ -141,4 +142,5 @@ __all__ = [
     "encode_request_segments",
     "encode_response",
     "negotiate_versions",
+    "version_for",
 ]

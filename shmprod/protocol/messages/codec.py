@@ -202,6 +202,18 @@ def choose_version(
     return best
 
 
+def version_for(offered: Mapping[int, tuple[int, int]], api_key: int, peer: str) -> int:
+    """The version of ``api_key`` to use with a broker (``peer``) that ``offered`` these
+    ranges in ApiVersions; UnsupportedVersionError when it lacks the API or no version is
+    common."""
+    theirs = offered.get(api_key)
+    if theirs is None:
+        raise UnsupportedVersionError(
+            f"broker {peer} does not offer api key {api_key}", api_key=api_key
+        )
+    return choose_version(api_key, *theirs, ours=SUPPORTED_VERSIONS.get(api_key))
+
+
 def negotiate_versions(
     response: ApiVersionsResponse,
     wanted: Iterable[int] | None = None,

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from shmprod.broker import EmbeddedBroker
+from shmprod.worker import Worker, attach
+from tests.test_worker_fakesender import FakeSender
 
 _topic_ids = itertools.count()
 
@@ -52,3 +54,20 @@ def topic_name(request: pytest.FixtureRequest) -> str:
     """A topic name unique within the session."""
     base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
     return f"t-{os.getpid()}-{next(_topic_ids)}-{base}"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeSender]:
+    """A fake sender speaking the control protocol over a real segment (worker tests)."""
+    with FakeSender() as f:
+        yield f
+
+
+@pytest.fixture
+def w(fake: FakeSender) -> Iterator[Worker]:
+    """A worker attached to the fake sender; closed after the test."""
+    worker = attach(fake.handle)
+    try:
+        yield worker
+    finally:
+        worker.close(timeout=5)

@@ -5,7 +5,6 @@ ordering with send(), typed errors with nothing written, and partial failures.""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -24,21 +23,6 @@ from shmprod.partitioner import partitions_for_keys
 from shmprod.protocol import compression as C
 from shmprod.protocol.records import Record
 from shmprod.worker import Worker, attach
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSender]:
-    with FakeSender() as f:
-        yield f
-
-
-@pytest.fixture
-def w(fake: FakeSender) -> Iterator[Worker]:
-    worker = attach(fake.handle)
-    try:
-        yield worker
-    finally:
-        worker.close(timeout=5)
 
 
 def landed_rows(fake: FakeSender, md: BatchMetadata) -> list[Record]:

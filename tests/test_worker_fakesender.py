@@ -19,11 +19,9 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from shmprod import ipc
 from shmprod import layout as L
@@ -467,12 +465,6 @@ class FakeSender:
         self._serve()
         for o in list(self.conns.values()):
             self._flush_out(o)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSender]:
-    with FakeSender() as f:
-        yield f
 
 
 # --- tests of the fake itself ---------------------------------------------------------

@@ -9,7 +9,6 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Iterator
 
 import multiprocess
 import pytest
@@ -35,12 +34,6 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 HOLD = {"hold_done": True, "request_timeout_ms": 1000, "delivery_timeout_ms": 8000}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSender]:
-    with FakeSender() as f:
-        yield f
 
 
 def test_attach_errors(fake: FakeSender) -> None:

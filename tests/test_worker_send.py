@@ -9,7 +9,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from test_worker_fakesender import FakeSender
@@ -28,21 +27,6 @@ from shmprod.protocol import compression as C
 from shmprod.worker import Worker, attach
 
 SLOW_LINGER = {"linger_ms": 60_000, "delivery_timeout_ms": 200_000}
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSender]:
-    with FakeSender() as f:
-        yield f
-
-
-@pytest.fixture
-def w(fake: FakeSender) -> Iterator[Worker]:
-    worker = attach(fake.handle)
-    try:
-        yield worker
-    finally:
-        worker.close(timeout=5)
 
 
 def test_records_decode_back_exactly(fake: FakeSender, w: Worker) -> None:

@@ -243,3 +243,31 @@ def test_shared_memory_space_is_checked_up_front() -> None:
 
     with pytest.raises(SharedMemoryError, match="shm-size"):
         check_space(1 << 60)
+
+
+@pytest.mark.parametrize(
+    "start", ["fork", "spawn", "forkserver", "multiprocess-spawn", "multiprocess-fork"]
+)
+def test_attach_from_every_start_method(broker: EmbeddedBroker, start: str) -> None:
+    broker.create_topic(f"life-start-{start}", 1)
+    if start.startswith("multiprocess-"):
+        import multiprocess
+
+        ctx: Any = multiprocess.get_context(start.split("-")[1])
+    else:
+        ctx = mp.get_context(start)
+    with Producer(bootstrap_servers=broker.bootstrap) as p:
+        q = ctx.Queue()
+        child = ctx.Process(target=_send_one_to, args=(p.handle, f"life-start-{start}", q))
+        child.start()
+        assert q.get(timeout=60) >= 0
+        child.join(30)
+        assert child.exitcode == 0
+
+
+def _send_one_to(handle: Handle, topic: str, out: Any) -> None:
+    w = attach(handle)
+    try:
+        out.put(w.send(topic, b"hello", key=b"k").result(timeout=30).offset)
+    finally:
+        w.close()

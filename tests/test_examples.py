@@ -1,0 +1,26 @@
+"""The examples run as documented."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.broker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quickstart_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "80,000 records from 4 worker processes through one producer" in out.stdout

@@ -1,0 +1,52 @@
+"""The ``shmprod`` command line: ``shmprod broker`` for local development."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from shmprod.connection import BrokerConnection, parse_bootstrap
+
+pytestmark = pytest.mark.broker
+
+
+def test_broker_command_serves_until_terminated() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shmprod", "broker", "--topic", "dev:3", "--topic", "other"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("broker ready: bootstrap_servers=")
+        host, port = parse_bootstrap(line.split("=", 1)[1].split()[0])[0]
+        with BrokerConnection(host, port) as conn:
+            md = conn.metadata(["dev", "other"])
+        assert {t.name: len(t.partitions) for t in md.topics} == {"dev": 3, "other": 1}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert "broker stopped" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_version_and_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "shmprod", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.startswith("shmprod ")
+    bad = subprocess.run(
+        [sys.executable, "-m", "shmprod", "demo", "--compression", "brotli"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "brotli" in bad.stderr

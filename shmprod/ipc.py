@@ -13,14 +13,38 @@ stream into decoded messages; both raise :class:`IpcError` on malformed input.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from typing import ClassVar, Final
+
+import psutil
 
 from shmprod.errors import ShmprodError
 
 MAX_MESSAGE: Final = 1 << 20
 SECRET_SIZE: Final = 16
+
+
+_own_start_us: dict[int, int] = {}
+
+
+def process_start_us(pid: int | None = None) -> int:
+    """A process's start time in microseconds since the epoch, 0 if it does not exist.
+
+    With the pid it names one process for good (``Hello.start_us``, the sender's check
+    that its owner is still the same process). This process's own value is cached.
+    """
+    me = os.getpid()
+    if pid is None or pid == me:
+        cached = _own_start_us.get(me)
+        if cached is None:
+            cached = _own_start_us[me] = int(psutil.Process(me).create_time() * 1_000_000)
+        return cached
+    try:
+        return int(psutil.Process(pid).create_time() * 1_000_000)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
 
 
 class IpcError(ShmprodError):

@@ -22,25 +22,19 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import psutil
-
 import shmprod
 from shmprod.config import ProducerConfig
 from shmprod.errors import ProducerClosedError, ShmprodError
 from shmprod.futures import BatchFuture, RecordFuture
 from shmprod.handle import Handle, SenderSpec
+from shmprod.ipc import process_start_us
 from shmprod.layout import Geometry, write_header
 from shmprod.shm import Segment
 from shmprod.worker import Worker, attach
 
-__all__ = ["Producer", "attach", "process_start_us"]
+__all__ = ["Producer", "attach"]
 
 SENDER_START_TIMEOUT_S = 30.0
-
-
-def process_start_us(pid: int | None = None) -> int:
-    """A process's start time in microseconds: with the pid, it names one process for good."""
-    return int(psutil.Process(pid).create_time() * 1_000_000)
 
 
 def _sender_env() -> dict[str, str]:

@@ -34,6 +34,7 @@ from shmprod.errors import (
     RecordTooLargeError,
 )
 from shmprod.handle import SenderSpec
+from shmprod.ipc import process_start_us
 from shmprod.protocol.records import NewRecord, decode_batches, encode_batch_into
 from shmprod.sender import lifecycle
 from shmprod.shm import Segment
@@ -68,7 +69,7 @@ class Owner:
         self.cfg = ProducerConfig(bootstrap_servers=bootstrap, **options)
         self.geo = L.Geometry.for_pool(self.cfg.buffer_memory, self.cfg.batch_size)
         self.segment = Segment.create(self.geo.segment_size)
-        self.start_us = lifecycle.process_start_us()
+        self.start_us = process_start_us()
         L.write_header(self.segment.view, self.geo, os.getpid(), self.start_us)
         self.dir = tempfile.mkdtemp(prefix="shmprod-test-")
         self.socket_path = os.path.join(self.dir, "ctl.sock")

@@ -25,10 +25,10 @@ from shmprod.broker import EmbeddedBroker
 from shmprod.config import ProducerConfig
 from shmprod.connection import BrokerConnection
 from shmprod.handle import Handle, SenderSpec
+from shmprod.ipc import process_start_us
 from shmprod.layout import Geometry, write_header
 from shmprod.shm import Segment
 from shmprod.worker import Worker, attach
-from shmprod.worker.client import process_start_us
 
 pytestmark = [
     pytest.mark.broker,

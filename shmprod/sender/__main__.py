@@ -18,6 +18,7 @@ import socket
 import sys
 
 from shmprod.handle import SenderSpec
+from shmprod.ipc import process_start_us
 from shmprod.sender import lifecycle
 
 
@@ -57,7 +58,7 @@ def run(spec: SenderSpec) -> int:
         return lifecycle.EXIT_CRASHED
     try:
         sender = Sender(spec, segment.view, listen)
-        sender.shared.set_sender_identity(os.getpid(), lifecycle.process_start_us())
+        sender.shared.set_sender_identity(os.getpid(), process_start_us())
         status = sender.run()
     except Exception:
         log.exception("the sender could not start")

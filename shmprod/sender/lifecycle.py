@@ -20,23 +20,13 @@ import time
 from collections.abc import Callable
 
 from shmprod import shm
+from shmprod.ipc import process_start_us
 
 EXIT_OK = 0
 EXIT_CRASHED = 1
 EXIT_BOOTSTRAP_FAILED = 2
 EXIT_OWNER_DIED = 3
 EXIT_USAGE = 64
-
-
-def process_start_us(pid: int | None = None) -> int:
-    """Start time of ``pid`` (default: this process) in microseconds since the epoch,
-    0 if unknown. With the pid it identifies a process across pid reuse."""
-    try:
-        import psutil
-
-        return int(psutil.Process(pid).create_time() * 1_000_000)
-    except Exception:
-        return 0
 
 
 def owner_watch(owner_pid: int, owner_start_us: int) -> Callable[[], bool]:

@@ -36,8 +36,6 @@ import weakref
 from types import TracebackType
 from typing import Any, Final
 
-import psutil
-
 from shmprod import ipc
 from shmprod import layout as L
 from shmprod.errors import (
@@ -130,19 +128,6 @@ def _register_exit_hooks() -> None:
             util.Finalize(None, _close_at_exit, exitpriority=10)
 
 
-_start_us_cache: dict[int, int] = {}
-
-
-def process_start_us(pid: int | None = None) -> int:
-    """A process's start time in microseconds since the epoch (identifies it with its pid)."""
-    pid = os.getpid() if pid is None else pid
-    cached = _start_us_cache.get(pid)
-    if cached is None:
-        cached = int(psutil.Process(pid).create_time() * 1_000_000)
-        _start_us_cache[pid] = cached
-    return cached
-
-
 def attach(handle: Handle, *, owner: bool = False) -> Worker:
     """Attaches this process to the producer described by ``handle``.
 
@@ -189,7 +174,7 @@ class Worker(WorkerCore):
                     f"cannot reach the producer's control socket ({exc.strerror}): "
                     "the producer was closed or its owner died"
                 ) from None
-            hello = ipc.Hello(handle.secret, self._pid, process_start_us(self._pid), owner)
+            hello = ipc.Hello(handle.secret, self._pid, ipc.process_start_us(self._pid), owner)
             sock.sendall(ipc.encode(hello))
             deadline = time.monotonic() + timeout
             while True:

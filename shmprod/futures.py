@@ -43,6 +43,7 @@ __all__ = [
     "BatchFuture",
     "BatchMetadata",
     "BatchOutcome",
+    "OutcomePiece",
     "RecordFuture",
     "RecordMetadata",
 ]
@@ -87,6 +88,17 @@ class BatchMetadata:
 Listener = Callable[["BatchOutcome"], object]
 
 
+class OutcomePiece(NamedTuple):
+    """The outcome of records ``[first_index, first_index + record_count)`` of a batch
+    the sender had to split (the broker refused it as too large)."""
+
+    first_index: int
+    record_count: int
+    base_offset: int
+    log_append_time_ms: int
+    error: BaseException | None
+
+
 class BatchOutcome:
     """The one completion of one Kafka record batch, shared by all its records.
 
@@ -101,6 +113,7 @@ class BatchOutcome:
         "_listeners",
         "_lock",
         "_log_append_time_ms",
+        "_pieces",
         "_state",
         "partition",
         "topic",
@@ -114,6 +127,7 @@ class BatchOutcome:
         self._base_offset = -1
         self._log_append_time_ms = -1
         self._error: BaseException | None = None
+        self._pieces: tuple[OutcomePiece, ...] | None = None
         self._event: threading.Event | None = None
         self._listeners: list[Listener] | None = None
 
@@ -138,7 +152,26 @@ class BatchOutcome:
 
     @property
     def error(self) -> BaseException | None:
+        """The error, or the first failed piece's error of a split batch."""
         return self._error
+
+    @property
+    def pieces(self) -> tuple[OutcomePiece, ...] | None:
+        """The pieces of a batch the sender split, in record order; None otherwise."""
+        return self._pieces
+
+    def record_outcome(self, index: int) -> tuple[int, int, BaseException | None]:
+        """``(offset, log_append_time_ms, error)`` of record ``index`` once resolved."""
+        pieces = self._pieces
+        if pieces is None:
+            base = self._base_offset
+            return (base + index if base >= 0 else -1), self._log_append_time_ms, self._error
+        for p in pieces:
+            if index < p.first_index + p.record_count:
+                base = p.base_offset
+                off = base + index - p.first_index if p.error is None and base >= 0 else -1
+                return off, p.log_append_time_ms, p.error
+        raise IndexError(f"record {index} is beyond the batch's pieces")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until resolved or ``timeout`` seconds passed; True once resolved."""
@@ -173,6 +206,26 @@ class BatchOutcome:
             self._base_offset = base_offset
             self._log_append_time_ms = log_append_time_ms
             self._state = SUCCEEDED
+            event, listeners = self._event, self._listeners
+            self._listeners = None
+        self._notify(event, listeners)
+
+    def resolve_pieces(self, pieces: tuple[OutcomePiece, ...]) -> None:
+        """Resolves a batch the sender split: each piece succeeded or failed on its own.
+
+        The batch counts as failed (``error``: the first failed piece's) when any piece
+        failed; records of the pieces that succeeded still have their offsets.
+        Runs in: worker I/O thread.
+        """
+        first_error = next((p.error for p in pieces if p.error is not None), None)
+        with self._lock:
+            if self._state != PENDING:
+                return
+            self._pieces = pieces
+            self._base_offset = pieces[0].base_offset if pieces[0].error is None else -1
+            self._log_append_time_ms = pieces[0].log_append_time_ms
+            self._error = first_error
+            self._state = SUCCEEDED if first_error is None else FAILED
             event, listeners = self._event, self._listeners
             self._listeners = None
         self._notify(event, listeners)
@@ -247,23 +300,26 @@ class RecordFuture:
         o = self._outcome
         if o._state == PENDING and not o.wait(timeout):
             raise _timeout_error(timeout)
-        if o._state == FAILED:
+        if o._pieces is not None:
+            offset, lat, error = o.record_outcome(self._index)
+            if error is not None:
+                raise error
+        elif o._state == FAILED:
             assert o._error is not None
             raise o._error
-        base = o._base_offset
-        lat = o._log_append_time_ms
-        return RecordMetadata(
-            o.topic,
-            o.partition,
-            base + self._index if base >= 0 else -1,
-            lat if lat >= 0 else self._timestamp_ms,
-        )
+        else:
+            base = o._base_offset
+            offset = base + self._index if base >= 0 else -1
+            lat = o._log_append_time_ms
+        return RecordMetadata(o.topic, o.partition, offset, lat if lat >= 0 else self._timestamp_ms)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The record's error, or None once it succeeded; TimeoutError after ``timeout``."""
         o = self._outcome
         if o._state == PENDING and not o.wait(timeout):
             raise _timeout_error(timeout)
+        if o._pieces is not None:
+            return o.record_outcome(self._index)[2]
         return o._error
 
     def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
@@ -373,11 +429,20 @@ class BatchFuture:
     def _build(self) -> BatchMetadata:
         """Offsets and timestamps of every row, in input order (numpy, no row loop)."""
         n = len(self._partitions)
-        counts = np.asarray(self._counts, dtype=np.int64)
+        parts: list[tuple[int, int, bool, int]] = []  # count, base offset, ok, append time
+        for o, count in zip(self._outcomes, self._counts, strict=True):
+            if o.pieces is None:
+                parts.append((count, o.base_offset, o.succeeded, o.log_append_time_ms))
+            else:  # a batch the sender split: each piece has its own offsets
+                parts.extend(
+                    (p.record_count, p.base_offset, p.error is None, p.log_append_time_ms)
+                    for p in o.pieces
+                )
+        counts = np.array([p[0] for p in parts], dtype=np.int64)
         starts = np.cumsum(counts) - counts
-        base = np.array([o.base_offset for o in self._outcomes], dtype=np.int64)
-        ok = np.array([o.succeeded for o in self._outcomes], dtype=bool)
-        lat = np.array([o.log_append_time_ms for o in self._outcomes], dtype=np.int64)
+        base = np.array([p[1] for p in parts], dtype=np.int64)
+        ok = np.array([p[2] for p in parts], dtype=bool)
+        lat = np.array([p[3] for p in parts], dtype=np.int64)
         valid = ok & (base >= 0)
         shift = np.where(valid, base - starts, 0)
         sorted_offsets = np.arange(n, dtype=np.int64) + np.repeat(shift, counts)

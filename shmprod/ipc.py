@@ -163,6 +163,35 @@ class Done:
 
 
 @dataclass(frozen=True, slots=True)
+class Piece:
+    """The outcome of records ``[first_index, first_index + record_count)`` of a batch
+    that the sender split (MESSAGE_TOO_LARGE); ``error`` 0: ``base_offset`` is valid."""
+
+    FMT: ClassVar[struct.Struct] = struct.Struct("<IIhqqB")
+    first_index: int
+    record_count: int
+    error: int
+    base_offset: int
+    log_append_time_ms: int
+    retriable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DoneSplit:
+    """sender → worker: the outcome of a batch the sender split, piece by piece.
+
+    Instead of ``Done``, never besides it. The pieces cover the batch's records in
+    order; ``message`` describes the first failed piece, if any.
+    """
+
+    TYPE: ClassVar[int] = 14
+    FMT: ClassVar[struct.Struct] = struct.Struct("<QH")
+    batch_id: int
+    pieces: tuple[Piece, ...]
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Fatal:
     """sender → worker: the producer failed or is closing; every pending send fails."""
 
@@ -210,6 +239,7 @@ Message = (
     | TopicRequest
     | TopicInfo
     | Done
+    | DoneSplit
     | Fatal
     | Bye
     | Shutdown
@@ -228,6 +258,7 @@ _TYPES: Final[dict[int, type[Message]]] = {
         TopicRequest,
         TopicInfo,
         Done,
+        DoneSplit,
         Fatal,
         Bye,
         Shutdown,
@@ -248,6 +279,19 @@ _LIST_FIELD = {Grant: "buffers", Release: "buffers"}
 def encode(msg: Message) -> bytes:
     """One framed message."""
     cls = type(msg)
+    if isinstance(msg, DoneSplit):
+        body = bytearray(DoneSplit.FMT.pack(msg.batch_id, len(msg.pieces)))
+        for p in msg.pieces:
+            body += Piece.FMT.pack(
+                p.first_index,
+                p.record_count,
+                p.error,
+                p.base_offset,
+                p.log_append_time_ms,
+                p.retriable,
+            )
+        body += msg.message.encode("utf-8", "replace")
+        return _frame(cls.TYPE, body)
     fixed = [getattr(msg, f) for f in cls.__slots__][: _n_fixed(cls)]
     body = bytearray(cls.FMT.pack(*fixed))
     if cls in _STR_FIELD:
@@ -255,9 +299,13 @@ def encode(msg: Message) -> bytes:
     elif cls in _LIST_FIELD:
         items: tuple[int, ...] = getattr(msg, _LIST_FIELD[cls])
         body += struct.pack(f"<{len(items)}I", *items)
+    return _frame(cls.TYPE, body)
+
+
+def _frame(mtype: int, body: bytearray) -> bytes:
     if len(body) + 1 > MAX_MESSAGE:
         raise IpcError(f"control message of {len(body)} bytes is too large")
-    return _LEN.pack(len(body) + 1, cls.TYPE) + body
+    return _LEN.pack(len(body) + 1, mtype) + body
 
 
 def _n_fixed(cls: type[Message]) -> int:
@@ -274,6 +322,8 @@ def decode(mtype: int, body: bytes | memoryview) -> Message:
         raise IpcError(f"{cls.__name__} needs {size} bytes, got {len(body)}")
     fixed = cls.FMT.unpack_from(body, 0)
     rest = bytes(body[size:])
+    if cls is DoneSplit:
+        return _decode_done_split(fixed[0], fixed[1], rest)
     try:
         if cls in _STR_FIELD:
             return cls(*fixed, rest.decode("utf-8"))  # type: ignore[call-arg]
@@ -286,6 +336,23 @@ def decode(mtype: int, body: bytes | memoryview) -> Message:
         return cls(*fixed)
     except (UnicodeDecodeError, TypeError) as exc:
         raise IpcError(f"bad {cls.__name__}: {exc}") from None
+
+
+def _decode_done_split(batch_id: int, count: int, rest: bytes) -> DoneSplit:
+    need = count * Piece.FMT.size
+    if count < 2 or len(rest) < need:
+        raise IpcError(f"DoneSplit with {count} pieces in {len(rest)} bytes")
+    pieces: list[Piece] = []
+    expected = 0
+    for first, n, error, offset, lat, retriable in Piece.FMT.iter_unpack(rest[:need]):
+        if first != expected or n < 1 or retriable > 1:
+            raise IpcError("DoneSplit pieces do not cover the batch's records in order")
+        pieces.append(Piece(first, n, error, offset, lat, bool(retriable)))
+        expected += n
+    try:
+        return DoneSplit(batch_id, tuple(pieces), rest[need:].decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise IpcError(f"bad DoneSplit: {exc}") from None
 
 
 class MessageReader:

@@ -97,6 +97,9 @@ S_METADATA_REFRESHES: Final = 96
 S_WORKERS_ATTACHED: Final = 104
 S_WORKERS_DIED: Final = 112
 S_BUFFERS_RECLAIMED: Final = 120  # buffers taken back from dead workers
+S_BATCHES_SPLIT: Final = 128  # batches split after MESSAGE_TOO_LARGE
+S_EPOCH_BUMPS: Final = 136  # producer epoch bumped by the sender itself (KIP-360)
+S_PRODUCER_ID_RESETS: Final = 144  # new producer ids taken after the first
 STATS_FIELDS: Final = (
     ("batches_received", S_BATCHES_RECEIVED),
     ("batches_sent", S_BATCHES_SENT),
@@ -114,6 +117,9 @@ STATS_FIELDS: Final = (
     ("workers_attached", S_WORKERS_ATTACHED),
     ("workers_died", S_WORKERS_DIED),
     ("buffers_reclaimed", S_BUFFERS_RECLAIMED),
+    ("batches_split", S_BATCHES_SPLIT),
+    ("epoch_bumps", S_EPOCH_BUMPS),
+    ("producer_id_resets", S_PRODUCER_ID_RESETS),
 )
 STATS_SIZE: Final = 4 * CACHE_LINE
 

@@ -8,7 +8,9 @@ knows each one's api key, version and correlation id; that lets it
 - rewrite every Metadata answer: the brokers become the proxy's nodes, each partition's
   leader (and replicas / isr) follows :attr:`KafkaProxy.leaders` (default
   ``partition % nodes``), the controller is node 0;
-- forge Produce answers with an error code instead of forwarding (:meth:`fail_next`);
+- forge Produce answers with an error code instead of forwarding (:meth:`fail_next`),
+  or refuse every batch over a size as a broker's ``max.message.bytes`` does
+  (:meth:`set_max_message_bytes`);
 - drop connections, stall a node, delay its answers, take it down and bring it up.
 
 Answers reach a client in the order of its requests, forged ones included. Bytes the
@@ -48,6 +50,7 @@ from shmprod.protocol.messages import (
 
 PRODUCE = 0
 METADATA = 3
+MESSAGE_TOO_LARGE = 10
 HOST = "127.0.0.1"
 
 _HEAD = struct.Struct(">hhi")  # api key, api version, correlation id
@@ -110,6 +113,7 @@ class KafkaProxy:
         self._leaders: dict[tuple[str, int], int] = {}
         self._moves: dict[tuple[str, int], int] = {}
         self._rules: list[_FailRule] = []
+        self._max_message_bytes: int | None = None
         self._stalled_until: dict[int, float] = {}
         self._delay_s: dict[int, float] = {}
         self._seen: dict[int, int] = {}
@@ -216,6 +220,12 @@ class KafkaProxy:
         parts = None if partitions is None else frozenset(partitions)
         with self._lock:
             self._rules.append(_FailRule(api_key, error_code, count, parts))
+
+    def set_max_message_bytes(self, limit: int | None) -> None:
+        """Answers MESSAGE_TOO_LARGE for every batch over ``limit`` bytes (a broker's
+        ``max.message.bytes``), forwarding the other partitions; None lifts it."""
+        with self._lock:
+            self._max_message_bytes = limit
 
     def pending_failures(self) -> int:
         with self._lock:
@@ -558,6 +568,27 @@ class KafkaProxy:
         self, req: ProduceRequest
     ) -> tuple[list[tuple[str, int, int]], list[TopicProduceData]]:
         """The (topic, partition, error) to forge and the topic data still to forward."""
+        with self._lock:
+            limit = self._max_message_bytes
+        if limit is not None:
+            too_big = [
+                (t.name, p.index, MESSAGE_TOO_LARGE)
+                for t in req.topic_data
+                for p in t.partition_data
+                if p.records is not None and len(p.records) > limit
+            ]
+            if too_big:
+                refused = {(name, index) for name, index, _ in too_big}
+                kept = [
+                    TopicProduceData(
+                        name=t.name,
+                        partition_data=[
+                            p for p in t.partition_data if (t.name, p.index) not in refused
+                        ],
+                    )
+                    for t in req.topic_data
+                ]
+                return too_big, [t for t in kept if t.partition_data]
         touched = {p.index for t in req.topic_data for p in t.partition_data}
         with self._lock:
             rule = next(

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from shmprod.errors import KafkaError, SenderDiedError
-from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, RecordMetadata
+from shmprod.futures import (
+    BatchFuture,
+    BatchOutcome,
+    OutcomePiece,
+    RecordFuture,
+    RecordMetadata,
+)
 
 
 @pytest.fixture
@@ -163,3 +169,41 @@ def test_batch_future_to_concurrent(lock: threading.Lock) -> None:
     for o in outcomes:
         o.succeed(0)
     assert len(cf.result(1)) == 6
+
+
+def test_split_batch_pieces_resolve_records_one_by_one(lock: threading.Lock) -> None:
+    o = BatchOutcome(lock, "t", 2)
+    futs = [RecordFuture(o, i, 1000 + i) for i in range(5)]
+    o.resolve_pieces(
+        (
+            OutcomePiece(0, 2, 70, -1, None),
+            OutcomePiece(2, 1, -1, -1, KafkaError(10)),
+            OutcomePiece(3, 2, 90, 5555, None),
+        )
+    )
+    assert [f.result(0).offset for f in (futs[0], futs[1])] == [70, 71]
+    with pytest.raises(KafkaError):
+        futs[2].result(0)
+    assert isinstance(futs[2].exception(0), KafkaError) and futs[3].exception(0) is None
+    assert futs[4].result(0) == RecordMetadata("t", 2, 91, 5555)
+    assert not o.succeeded and isinstance(o.error, KafkaError)
+    o.succeed(1)  # the first outcome sticks
+    assert futs[0].result(0).offset == 70
+
+
+def test_batch_future_with_a_split_batch(lock: threading.Lock) -> None:
+    fut, outcomes = _batch_future(lock)
+    outcomes[0].resolve_pieces((OutcomePiece(0, 1, 40, -1, None), OutcomePiece(1, 2, 60, -1, None)))
+    outcomes[1].succeed(70)
+    outcomes[2].succeed(90)
+    # partition 0 rows 1 | 3,4 -> 40 | 60,61
+    assert fut.result(1).offsets.tolist() == [70, 40, 71, 60, 61, 90]
+    fut2, outcomes2 = _batch_future(lock)
+    outcomes2[0].resolve_pieces(
+        (OutcomePiece(0, 1, -1, -1, KafkaError(10)), OutcomePiece(1, 2, 60, -1, None))
+    )
+    outcomes2[1].succeed(70)
+    outcomes2[2].succeed(90)
+    with pytest.raises(KafkaError):
+        fut2.result(1)
+    assert fut2.partial_result(0).offsets.tolist() == [70, -1, 71, 60, 61, 90]

@@ -67,6 +67,8 @@ def check(data: bytes | bytearray) -> None:
         R.read_batch_header(data, 0)
     with suppress(DecodeError, EncodeError):
         R.patch_producer_state(bytearray(data), 0, 1, 2, 3)
+    with suppress(*EXPECTED, EncodeError):
+        R.split_batch(data, LIMIT)
 
 
 # --- mutators ----------------------------------------------------------------------------

@@ -138,6 +138,41 @@ def test_batch_round_trip_every_codec(
     assert list(R.iter_batches(data + data))[1].records == batch.records
 
 
+@SETTINGS
+@given(new_records(), st.sampled_from(CODECS), st.integers(-1, 2**31 - 1))
+def test_split_batch_keeps_records_codec_and_sequences(
+    case: tuple[int, list[R.NewRecord]], codec: int, sequence: int
+) -> None:
+    base, recs = case
+    seq_args = {"producer_id": 77, "producer_epoch": 3, "base_sequence": sequence}
+    data = R.encode_batch(recs, base_timestamp_ms=base, compression=codec, **seq_args)
+    if len(recs) < 2:
+        with pytest.raises(DecodeError):
+            R.split_batch(data)
+        return
+    halves = R.split_batch(data)
+    decoded = [R.decode_batches(h)[0] for h in halves]
+    first, second = decoded
+    assert first.record_count >= 1 and second.record_count >= 1
+    assert [(r.key, r.value, r.headers, r.timestamp_ms) for b in decoded for r in b.records] == [
+        (r.key, r.value, list(r.headers), expected_ts(base, r)) for r in recs
+    ]
+    for b in decoded:
+        assert (b.compression, b.producer_id, b.producer_epoch) == (codec, 77, 3)
+    if sequence < 0:
+        assert first.base_sequence == second.base_sequence == -1
+    else:
+        assert first.base_sequence == sequence
+        assert second.base_sequence == (sequence + first.record_count) % 2**31
+
+
+def test_split_batch_refuses_what_is_not_one_batch() -> None:
+    one = R.encode_batch([R.NewRecord(b"k", b"v")] * 2, base_timestamp_ms=0)
+    for bad in (one + one, one[:-1], b""):
+        with pytest.raises(DecodeError):
+            R.split_batch(bad)
+
+
 def test_offset_delta_varint_widths_and_memoryview_inputs() -> None:
     """offsetDelta crosses the 1- and 2-byte varint boundaries; memoryviews are bytes."""
     recs = [R.NewRecord(None, memoryview(b"v%d" % i), (), None) for i in range(8300)]

@@ -240,7 +240,12 @@ def test_policy_decisions() -> None:
     rt = decide(ec.REQUEST_TIMED_OUT, b, ident, 5, 0)
     assert rt.action is Action.RETRY and not rt.refresh_metadata
     too_big = decide(ec.MESSAGE_TOO_LARGE, b, ident, 5, 0)
-    assert too_big.action is Action.FAIL and too_big.code == ec.MESSAGE_TOO_LARGE
+    assert too_big.action is Action.SPLIT  # two records: split in two
+    lone = batch(0, count=1, deadline_ns=1000)
+    one = decide(ec.MESSAGE_TOO_LARGE, lone, ident, 5, 0)
+    assert (one.action, one.code, one.retriable) == (Action.FAIL, ec.MESSAGE_TOO_LARGE, False)
+    too_late = decide(ec.MESSAGE_TOO_LARGE, b, ident, 5, now_ns=1000)
+    assert (too_late.action, too_late.code) == (Action.FAIL, DeliveryTimeoutError.code)
     late = decide(ec.REQUEST_TIMED_OUT, b, ident, 5, now_ns=1000)
     assert (late.action, late.code) == (Action.FAIL, DeliveryTimeoutError.code)
     b.attempts = 5
@@ -283,6 +288,31 @@ def test_sequences_are_assigned_once_per_identity_and_wrap() -> None:
     assert ident.assign(b) and b.sequence == 0 and b.producer_id == 5
     assert next_sequence(2**31 - 2, 3) == 1 and next_sequence(2**31 - 1, 1) == 0
     assert next_sequence(10, 5) == 15
+
+
+def test_epoch_bump_then_new_ids_once_the_broker_fences_a_bump() -> None:
+    ident = ProducerIdentity(True)
+    assert not ident.bump_epoch()  # no id yet
+    ident.set_identity(4, 7)
+    a = batch(0, count=3)
+    ident.assign(a)
+    ident.request_reset()
+    assert ident.bump_epoch() and ident.bumped
+    assert (ident.producer_id, ident.producer_epoch, ident.can_drain) == (4, 8, True)
+    b = batch(0, count=2)
+    assert ident.assign(b) and (b.sequence, b.producer_epoch) == (0, 8)  # from 0 again
+    assert ident.assign(a) and a.sequence == 2  # an old-epoch batch gets a new sequence
+    fenced = decide(ec.PRODUCER_FENCED, b, ident, 5, 0)
+    assert fenced.action is Action.RETRY and fenced.refuse_bump and fenced.reset_producer
+    ident.refuse_bump()
+    assert ident.reset_pending and not ident.bump_epoch()  # a new id, never a bump again
+    ident.set_identity(5, 0)
+    assert not ident.bumped and not ident.bump_epoch()
+    # PRODUCER_FENCED without a bump of ours: fatal for the batch
+    assert decide(ec.PRODUCER_FENCED, b, ident, 5, 0).action is Action.FAIL
+    top = ProducerIdentity(True)
+    top.set_identity(1, 2**15 - 1)
+    assert not top.bump_epoch()  # the epoch is at its maximum: take a new id
 
 
 # -- metadata --------------------------------------------------------------------------

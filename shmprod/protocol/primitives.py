@@ -25,6 +25,7 @@ _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _F64 = struct.Struct(">d")
 
+INT16_MAX = 2**15 - 1
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 

@@ -77,6 +77,7 @@ __all__ = [
     "patch_producer_state",
     "read_batch_header",
     "record_size",
+    "split_batch",
     "validate_batch",
     "write_batch_header",
 ]
@@ -663,6 +664,49 @@ def encode_batch(
         base_sequence=base_sequence,
     )
     return bytes(out)
+
+
+def split_batch(data: Bytes, max_uncompressed: int = DEFAULT_MAX_DECOMPRESSED) -> list[bytes]:
+    """Splits the producer batch ``data`` into two batches of about half its bytes each.
+
+    For a batch the broker refused with MESSAGE_TOO_LARGE: the records (keys, values,
+    headers, timestamps) and the codec are kept; each half is re-encoded (re-compressed).
+    Producer id and epoch are copied; when the batch carries a base sequence ``s``, the
+    halves carry ``s`` and ``s + len(first half)``, so together they take exactly the
+    sequences of the original (Java's split does the same). A split happens at the record
+    where the running size passes half, and always leaves at least one record per half.
+    Raises :class:`DecodeError` for anything but exactly one valid batch of two or more
+    records. Runs in: sender (sans-IO).
+    """
+    batches = decode_batches(data, max_uncompressed)
+    if len(batches) != 1:
+        raise DecodeError(f"expected one batch to split, found {len(batches)}")
+    batch = batches[0]
+    recs = batch.records
+    if len(recs) < 2:
+        raise DecodeError("a batch of one record cannot be split")
+    sizes = [len(r.key or b"") + len(r.value or b"") + 16 for r in recs]
+    half = sum(sizes) / 2
+    cut, running = 1, sizes[0]
+    while cut < len(recs) - 1 and running + sizes[cut] <= half:
+        running += sizes[cut]
+        cut += 1
+    out: list[bytes] = []
+    for first, part in ((0, recs[:cut]), (cut, recs[cut:])):
+        sequence = batch.base_sequence
+        if sequence >= 0:
+            sequence = (sequence + first) % (INT32_MAX + 1)
+        out.append(
+            encode_batch(
+                [NewRecord(r.key, r.value, r.headers, r.timestamp_ms) for r in part],
+                base_timestamp_ms=part[0].timestamp_ms,
+                compression=batch.compression,
+                producer_id=batch.producer_id,
+                producer_epoch=batch.producer_epoch,
+                base_sequence=sequence,
+            )
+        )
+    return out
 
 
 # ---------------------------------------------------------------------------------------

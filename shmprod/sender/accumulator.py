@@ -130,10 +130,12 @@ class Accumulator:
 
 
 def _before(a: Batch, b: Batch) -> bool:
-    """Whether retried batch ``a`` must be resent before retried batch ``b``."""
+    """Whether retried batch ``a`` must be resent before retried batch ``b``: by sequence
+    when both have one, else by arrival and, for pieces of one split batch, by their
+    first record."""
     if a.sequence != NO_SEQUENCE and b.sequence != NO_SEQUENCE:
         return _seq_before(a.sequence, b.sequence)
-    return a.arrival < b.arrival
+    return (a.arrival, a.first_index) < (b.arrival, b.first_index)
 
 
 def _seq_before(a: int, b: int) -> bool:

@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from shmprod import ipc
 
 NO_SEQUENCE = -1
+NO_BUFFER = -1
+
+
+@dataclass(slots=True, eq=False)
+class SplitGroup:
+    """The pieces of one sealed batch that the sender split (MESSAGE_TOO_LARGE).
+
+    ``pending`` pieces are still queued or in flight; once it reaches 0 the worker gets
+    one ``DoneSplit`` with every piece's outcome in record order. Runs in: sender.
+    """
+
+    pending: int = 1
+    results: list[ipc.Piece] = field(default_factory=list)
+    message: str = ""  # the first failed piece's
 
 
 @dataclass(slots=True, eq=False)
 class Batch:
     """A sealed batch from ``origin`` (a worker connection), owned by the sender until
-    its Done is sent and its buffers are freed. Runs in: sender."""
+    its Done is sent and its buffers are freed. Runs in: sender.
+
+    A piece of a split batch has no buffer (``buffer`` is NO_BUFFER): its bytes are in
+    ``data``, the sender's own memory, and ``group`` gathers the pieces' outcomes;
+    ``first_index`` is its first record's index in the batch the worker sealed.
+    """
 
     buffer: int  # first buffer of the run holding the batch
     run: int
@@ -29,6 +50,9 @@ class Batch:
     producer_epoch: int = -1
     in_flight: bool = False
     last_error: int = 0
+    data: bytearray | None = None
+    group: SplitGroup | None = None
+    first_index: int = 0
 
     @property
     def is_retry(self) -> bool:

@@ -9,14 +9,20 @@
 - When a sequence can no longer be trusted -- a batch that carried one failed for good,
   or the broker answered UNKNOWN_PRODUCER_ID or an OUT_OF_ORDER_SEQUENCE_NUMBER for the
   first unacknowledged batch -- :meth:`ProducerIdentity.request_reset` stops all
-  draining; once nothing is in flight the loop fetches a NEW producer id (tansu does not
-  bump epochs of an existing id, so shmprod does not try KIP-360's bump) and every
-  sequence restarts at 0. Queued batches get fresh sequences when drained again.
+  draining. Once nothing is in flight the sender bumps the epoch itself, as Java's
+  idempotent producer does (KIP-360, :meth:`ProducerIdentity.bump_epoch`): same producer
+  id, epoch + 1, every sequence back to 0. Queued batches get fresh sequences when
+  drained again.
+- A broker may refuse a bumped epoch (PRODUCER_FENCED or INVALID_PRODUCER_EPOCH for a
+  batch under it; tansu does). Then bumping is given up for good
+  (:meth:`ProducerIdentity.refuse_bump`) and every later reset takes a NEW producer id
+  from InitProducerId instead -- also what happens when the epoch is at its maximum.
 """
 
 from __future__ import annotations
 
-from shmprod.protocol.primitives import INT32_MAX
+from shmprod.protocol import error_codes as ec
+from shmprod.protocol.primitives import INT16_MAX, INT32_MAX
 from shmprod.sender.batch import NO_SEQUENCE, Batch
 
 MAX_IN_FLIGHT_PER_PARTITION = 5
@@ -33,13 +39,24 @@ def next_sequence(sequence: int, increment: int) -> int:
 class ProducerIdentity:
     """Producer id, epoch and per-partition sequences. Runs in: sender."""
 
-    __slots__ = ("_acked", "_next", "enabled", "producer_epoch", "producer_id", "reset_pending")
+    __slots__ = (
+        "_acked",
+        "_next",
+        "bump_refused",
+        "bumped",
+        "enabled",
+        "producer_epoch",
+        "producer_id",
+        "reset_pending",
+    )
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.producer_id = -1
         self.producer_epoch = -1
         self.reset_pending = False
+        self.bumped = False  # the current epoch is one this producer bumped itself
+        self.bump_refused = False  # the broker fenced a bumped epoch: take new ids instead
         self._next: dict[int, int] = {}  # partition slot -> next sequence to assign
         self._acked: dict[int, int] = {}  # partition slot -> next sequence the broker expects
 
@@ -59,6 +76,32 @@ class ProducerIdentity:
         self._next.clear()
         self._acked.clear()
         self.reset_pending = False
+        self.bumped = False
+
+    def bump_epoch(self) -> bool:
+        """KIP-360 for an idempotent producer: the same id with epoch + 1, sequences
+        from 0. False (nothing changed) when the broker refused a bump before or the
+        epoch is at its maximum: the caller must take a new producer id instead."""
+        if not self.has_id or self.bump_refused or self.producer_epoch >= INT16_MAX:
+            return False
+        self.set_identity(self.producer_id, self.producer_epoch + 1)
+        self.bumped = True
+        return True
+
+    def refuses_bump(self, code: int, batch: Batch) -> bool:
+        """Whether ``code`` for ``batch`` means the broker does not accept epochs the
+        producer bumped itself (it fenced the bumped epoch the batch carries)."""
+        return (
+            self.enabled
+            and self.bumped
+            and code in (ec.PRODUCER_FENCED, ec.INVALID_PRODUCER_EPOCH)
+            and self.is_current(batch)
+        )
+
+    def refuse_bump(self) -> None:
+        """Never bump again; the pending reset takes a new producer id."""
+        self.bump_refused = True
+        self.request_reset()
 
     def request_reset(self) -> None:
         if self.enabled:

@@ -54,7 +54,7 @@ from shmprod.protocol.messages import (
 )
 from shmprod.sender import lifecycle
 from shmprod.sender.accumulator import Accumulator
-from shmprod.sender.batch import NO_SEQUENCE, Batch
+from shmprod.sender.batch import NO_BUFFER, NO_SEQUENCE, Batch, SplitGroup
 from shmprod.sender.control import ControlClosed, ControlConn
 from shmprod.sender.drain import Drainer
 from shmprod.sender.idempotence import MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
@@ -562,13 +562,31 @@ class Sender:
         message: str = "",
     ) -> None:
         """The one completion of a batch: Done to the worker that sealed it (if it is
-        still attached), counters, and its buffers back to the pool."""
-        conn = self._ctl.get(batch.origin)
-        if conn is not None and not conn.closed:
-            self._post(
-                conn,
+        still attached), counters, and its buffers back to the pool. A piece of a split
+        batch reports into its group; the group's last piece sends ``DoneSplit``."""
+        group = batch.group
+        if group is None:
+            self._post_to(
+                batch.origin,
                 ipc.Done(batch.batch_id, code, base_offset, log_append_time_ms, retriable, message),
             )
+        else:
+            group.results.append(
+                ipc.Piece(
+                    batch.first_index,
+                    batch.record_count,
+                    code,
+                    base_offset,
+                    log_append_time_ms,
+                    retriable,
+                )
+            )
+            if code and not group.message:
+                group.message = message
+            group.pending -= 1
+            if group.pending == 0:
+                pieces = tuple(sorted(group.results, key=lambda p: p.first_index))
+                self._post_to(batch.origin, ipc.DoneSplit(batch.batch_id, pieces, group.message))
         if code == 0:
             self.shared.add(L.S_BATCHES_SENT, 1)
             self.shared.add(L.S_RECORDS_SENT, batch.record_count)
@@ -578,7 +596,14 @@ class Sender:
             self.shared.add(L.S_BATCHES_FAILED, 1)
             if self.metadata.locate(batch.partition_slot) is not None:
                 self.shared.set_partition_error(batch.partition_slot, code)
-        self._send_grants(self.pool.free(batch.buffer, batch.run))
+        if batch.data is None:
+            self._send_grants(self.pool.free(batch.buffer, batch.run))
+
+    def _post_to(self, origin: int, msg: ipc.Message) -> None:
+        """Posts ``msg`` to the worker connection ``origin`` if it is still attached."""
+        conn = self._ctl.get(origin)
+        if conn is not None and not conn.closed:
+            self._post(conn, msg)
 
     def _expired(self, batch: Batch) -> None:
         if batch.sequence != NO_SEQUENCE:
@@ -604,21 +629,87 @@ class Sender:
             return
         if d.refresh_metadata:
             self.metadata.request_refresh(now)
+        if d.action is Action.SPLIT:
+            self._split(batch, now)
+            return
         if d.action is Action.RETRY:
-            if d.reset_producer:
+            if d.refuse_bump and not self.identity.bump_refused:
+                log.warning("the broker fenced a bumped epoch: new producer ids from now on")
+                self.identity.refuse_bump()
+            elif d.reset_producer:
                 self.identity.request_reset()
             batch.attempts += 1
             batch.retry_at_ns = now + backoff_ns(
                 batch.attempts, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms
             )
             self.shared.add(L.S_RETRIES, 1)
-            self.shared.set_descriptor_state(batch.buffer, L.BUF_SEALED)
+            if batch.data is None:
+                self.shared.set_descriptor_state(batch.buffer, L.BUF_SEALED)
             self.acc.requeue(batch)
             return
         if batch.sequence != NO_SEQUENCE:
             self.identity.request_reset()  # its sequence is now a gap
         detail = f"{ec.error_name(code)}: {ans.message}" if ans.message else ec.error_name(code)
         self._finish(batch, d.code, retriable=d.retriable, message=detail)
+
+    def _split(self, batch: Batch, now: int) -> None:
+        """The broker refused ``batch`` as too large: re-encode its records as two
+        batches in the sender's memory, free its buffers, and queue both halves at the
+        head of the partition, in order. With a sequence, the halves take exactly the
+        sequences of the batch (records.split_batch), so nothing else is renumbered."""
+        try:
+            halves = records.split_batch(self._bytes_of(batch))
+        except ProtocolError as exc:
+            self._finish(batch, ec.MESSAGE_TOO_LARGE, message=f"cannot split: {exc}")
+            return
+        group = batch.group
+        if group is None:
+            group = SplitGroup()
+        group.pending += len(halves) - 1
+        first = batch.first_index
+        pieces: list[Batch] = []
+        for raw in halves:
+            hdr = records.read_batch_header(raw)
+            pieces.append(
+                Batch(
+                    buffer=NO_BUFFER,
+                    run=0,
+                    partition_slot=batch.partition_slot,
+                    batch_id=batch.batch_id,
+                    length=len(raw),
+                    record_count=hdr.record_count,
+                    origin=batch.origin,
+                    sealed_ns=batch.sealed_ns,
+                    deadline_ns=batch.deadline_ns,
+                    arrival=batch.arrival,
+                    attempts=max(batch.attempts, 1),
+                    retry_at_ns=now,
+                    sequence=hdr.base_sequence if batch.sequence != NO_SEQUENCE else NO_SEQUENCE,
+                    producer_id=batch.producer_id,
+                    producer_epoch=batch.producer_epoch,
+                    data=bytearray(raw),
+                    group=group,
+                    first_index=first,
+                )
+            )
+            first += hdr.record_count
+        if batch.data is None:
+            self._send_grants(self.pool.free(batch.buffer, batch.run))
+        for piece in pieces:
+            self.acc.requeue(piece)
+        self.shared.add(L.S_BATCHES_SPLIT, 1)
+        log.info(
+            "batch of %d records split in %d after MESSAGE_TOO_LARGE",
+            batch.record_count,
+            len(pieces),
+        )
+
+    def _bytes_of(self, batch: Batch) -> memoryview:
+        """A batch's bytes: in shared memory, or the sender's own for a piece."""
+        if batch.data is not None:
+            return memoryview(batch.data)
+        off = self.geo.buffer(batch.buffer)
+        return self.view[off : off + batch.length]
 
     def _request_done(self, ctx: ProduceContext) -> None:
         self._requests_in_flight -= 1
@@ -840,6 +931,11 @@ class Sender:
             return
         if ident.has_id and not (ident.reset_pending and self._requests_in_flight == 0):
             return
+        if ident.has_id and ident.bump_epoch():
+            self.acc.clear_sequences()
+            self.shared.add(L.S_EPOCH_BUMPS, 1)
+            log.info("producer id %d: epoch bumped to %d", ident.producer_id, ident.producer_epoch)
+            return
         if not self.metadata.bootstrapped:
             return
         conn = self._any_ready_conn(now)
@@ -862,6 +958,8 @@ class Sender:
             self._pid_failed(now)
             return
         self._pid_failures = 0
+        if self.identity.has_id:
+            self.shared.add(L.S_PRODUCER_ID_RESETS, 1)
         self.identity.set_identity(resp.producer_id, resp.producer_epoch)
         self.acc.clear_sequences()
         log.info("producer id %d epoch %d", resp.producer_id, resp.producer_epoch)
@@ -931,8 +1029,8 @@ class Sender:
                 try:
                     if ident.assign(batch):
                         records.patch_producer_state(
-                            self.view,
-                            self.geo.buffer(batch.buffer),
+                            self.view if batch.data is None else batch.data,
+                            self.geo.buffer(batch.buffer) if batch.data is None else 0,
                             ident.producer_id,
                             ident.producer_epoch,
                             batch.sequence,
@@ -944,12 +1042,6 @@ class Sender:
             batches = ok
             if not batches:
                 return
-        view = self.view
-        geo = self.geo
-
-        def records_of(b: Batch) -> memoryview:
-            off = geo.buffer(b.buffer)
-            return view[off : off + b.length]
 
         def locate(slot: int) -> tuple[str, int]:
             where = self.metadata.locate(slot)
@@ -960,7 +1052,7 @@ class Sender:
             conn.node_id,
             batches,
             locate,
-            records_of,
+            self._bytes_of,
             acks=self.cfg.acks,
             timeout_ms=self.cfg.request_timeout_ms,
         )
@@ -976,7 +1068,8 @@ class Sender:
             n = self._part_in_flight.get(slot, 0) + 1
             self._part_in_flight[slot] = n
             self.shared.set_partition_in_flight(slot, n)
-            self.shared.set_descriptor_state(batch.buffer, L.BUF_IN_FLIGHT)
+            if batch.data is None:
+                self.shared.set_descriptor_state(batch.buffer, L.BUF_IN_FLIGHT)
         self._requests_in_flight += 1
         self._batches_in_flight += len(batches)
         self.shared.add(L.S_REQUESTS_SENT, 1)

@@ -21,6 +21,7 @@ MS = 1_000_000
 class Action(Enum):
     SUCCEED = "succeed"
     RETRY = "retry"
+    SPLIT = "split"
     FAIL = "fail"
 
 
@@ -31,6 +32,7 @@ class Decision:
     retriable: bool = False  # reported with a failure: could a later send succeed?
     refresh_metadata: bool = False
     reset_producer: bool = False
+    refuse_bump: bool = False  # the broker fenced a self-bumped epoch: take new ids
 
 
 def decide(
@@ -41,11 +43,16 @@ def decide(
     - 0, and 46 DUPLICATE_SEQUENCE_NUMBER when idempotent: success.
     - 45 OUT_OF_ORDER_SEQUENCE_NUMBER: fallout of an earlier batch's failure (retry), or
       when the batch is the first unacknowledged one, a broken sequence: retry under a
-      new producer id (reset). 59 UNKNOWN_PRODUCER_ID: the same reset.
+      new epoch (reset). 59 UNKNOWN_PRODUCER_ID: the same reset.
+    - 90 PRODUCER_FENCED / 47 INVALID_PRODUCER_EPOCH for a batch under an epoch the
+      producer bumped itself: the broker does not take such bumps; retry under a new
+      producer id (refuse_bump). Otherwise they are fatal for the batch.
     - Retriable codes (protocol.error_codes): retry, refreshing metadata when the code
       calls for it, while ``attempts < retries`` and the delivery deadline has not
       passed; then fail with the code (deadline passed: DeliveryTimeoutError's code).
-    - Anything else (10 MESSAGE_TOO_LARGE included, for now): fail with the code.
+    - 10 MESSAGE_TOO_LARGE: split the batch in two and send both (a batch of one record
+      cannot be split: fail with the code), until the delivery deadline.
+    - Anything else: fail with the code.
     """
     if code == ec.NONE or (code == ec.DUPLICATE_SEQUENCE_NUMBER and identity.enabled):
         return Decision(Action.SUCCEED, 0)
@@ -56,6 +63,14 @@ def decide(
     elif identity.enabled and code == ec.UNKNOWN_PRODUCER_ID:
         reset = True
         retriable = True
+    elif identity.refuses_bump(code, batch):
+        if now_ns >= batch.deadline_ns:
+            return Decision(Action.FAIL, DeliveryTimeoutError.code, retriable=True)
+        return Decision(Action.RETRY, code, retriable=True, reset_producer=True, refuse_bump=True)
+    elif code == ec.MESSAGE_TOO_LARGE and batch.record_count > 1:
+        if now_ns >= batch.deadline_ns:
+            return Decision(Action.FAIL, DeliveryTimeoutError.code, retriable=True)
+        return Decision(Action.SPLIT, code, retriable=True)
     else:
         retriable = ec.is_retriable(code)
     if not retriable:

@@ -54,7 +54,7 @@ from shmprod.errors import (
     ShmprodError,
     error_from_code,
 )
-from shmprod.futures import BatchOutcome
+from shmprod.futures import BatchOutcome, OutcomePiece
 from shmprod.partitioner import Murmur2Partitioner, default_random_source, get_partitioner
 from shmprod.protocol.records import HEADER_SIZE
 from shmprod.shm import Segment
@@ -479,7 +479,7 @@ class WorkerCore:
             self._fatal = (SenderDiedError.code, self._eof_message)
         keep: list[ipc.Message] = []
         for m in self._deferred:
-            if type(m) is ipc.Done:
+            if type(m) is ipc.Done or type(m) is ipc.DoneSplit:
                 keep.append(m)
             elif isinstance(m, ipc.Fatal):
                 if self._fatal is None:
@@ -539,13 +539,13 @@ class WorkerCore:
 
         Runs in: worker I/O thread.
         """
-        done: list[tuple[ipc.Done, BatchOutcome]] = []
+        done: list[tuple[ipc.Done | ipc.DoneSplit, BatchOutcome]] = []
         fatal: ipc.Fatal | None = None
         with self._lock:
             msgs, self._deferred = self._deferred, []
             inflight = self._inflight
             for m in msgs:
-                if type(m) is ipc.Done:
+                if type(m) is ipc.Done or type(m) is ipc.DoneSplit:
                     item = inflight.get(m.batch_id)
                     if item is not None:
                         done.append((m, item[0]))
@@ -556,7 +556,9 @@ class WorkerCore:
                 else:
                     self._apply_locked(m)
         for m, outcome in done:
-            if m.error == 0:
+            if isinstance(m, ipc.DoneSplit):
+                outcome.resolve_pieces(_outcome_pieces(m))
+            elif m.error == 0:
                 outcome.succeed(m.base_offset, m.log_append_time_ms)
             else:
                 outcome.fail(error_from_code(m.error, m.message, m.retriable))
@@ -564,11 +566,16 @@ class WorkerCore:
             with self._lock:
                 for m, _ in done:
                     item = inflight.pop(m.batch_id, None)
-                    if item is not None:
-                        if m.error == 0:
-                            self._records_acked += item[1]
-                        else:
-                            self._records_failed += item[1]
+                    if item is None:
+                        continue
+                    if isinstance(m, ipc.DoneSplit):
+                        acked = sum(p.record_count for p in m.pieces if p.error == 0)
+                        self._records_acked += acked
+                        self._records_failed += item[1] - acked
+                    elif m.error == 0:
+                        self._records_acked += item[1]
+                    else:
+                        self._records_failed += item[1]
                 self._publish_locked()
                 if self._flush_waiters:
                     self._cond.notify_all()
@@ -602,3 +609,17 @@ class WorkerCore:
                 with contextlib.suppress(ValueError):
                     self._publish_locked()
                 self._cond.notify_all()
+
+
+def _outcome_pieces(m: ipc.DoneSplit) -> tuple[OutcomePiece, ...]:
+    """The futures' view of a split batch's pieces (errors built from their codes)."""
+    return tuple(
+        OutcomePiece(
+            p.first_index,
+            p.record_count,
+            p.base_offset,
+            p.log_append_time_ms,
+            error_from_code(p.error, m.message, p.retriable) if p.error else None,
+        )
+        for p in m.pieces
+    )

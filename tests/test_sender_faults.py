@@ -206,6 +206,27 @@ def test_lost_answer_is_not_duplicated(topic_name: str) -> None:
         assert [b.base_sequence for b in batches] == [0, 3]
 
 
+def test_delivery_time_counts_from_when_the_worker_opened_the_batch(topic_name: str) -> None:
+    """KIP-91: the deadline is the batch's creation + delivery_timeout_ms, not its arrival
+    at the sender: a batch opened 5 s before it was sealed has 1 s left of 6."""
+    options = {"request_timeout_ms": 300, "delivery_timeout_ms": 6_000, "linger_ms": 0}
+    with faulty("hold", **options) as (broker, _proxy, _owner, w):
+        broker.create_topic(topic_name, 1)
+        base, _ = w.topic(topic_name)
+        grant = w.alloc()
+        buf = grant.buffers[0]
+        length = w.write(buf, values("old", 1))
+        opened = time.monotonic_ns() - 5_000_000_000
+        L.U64.pack_into(w.view, w.geo.descriptor(buf) + L.D_CREATED_NS, opened)
+        bid, msg = w.sealed(buf, base, length, 1)
+        started = time.monotonic()
+        w.send(msg)
+        d = w.done(bid)
+        elapsed = time.monotonic() - started
+        assert d.error == DeliveryTimeoutError.code and d.retriable, d
+        assert 0.9 < elapsed < 4, elapsed
+
+
 def test_unanswered_request_times_out_then_delivery_times_out(topic_name: str) -> None:
     options = {"request_timeout_ms": 300, "delivery_timeout_ms": 700, "linger_ms": 0}
     with faulty("hold", **options) as (broker, proxy, owner, w):

@@ -41,7 +41,7 @@ class Batch:
     record_count: int
     origin: int
     sealed_ns: int
-    deadline_ns: int  # sealed_ns + delivery_timeout_ms (KIP-91)
+    deadline_ns: int  # opened (by the worker) + delivery_timeout_ms (KIP-91)
     arrival: int = 0  # order in which the sender received the batch
     attempts: int = 0  # sends answered with a retriable error so far
     retry_at_ns: int = 0  # not before this (backoff), once attempts > 0

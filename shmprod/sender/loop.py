@@ -505,6 +505,10 @@ class Sender:
         self.shared.add(L.S_BATCHES_RECEIVED, 1)
         problem = self._check_sealed(msg)
         self._arrival += 1
+        # KIP-91: a batch's delivery time counts from when the worker opened it. Not
+        # recorded (0) or in the future (a scribbled descriptor): from now.
+        born = self.shared.created_ns(msg.buffer) or now
+        born = min(born, now)
         batch = Batch(
             buffer=msg.buffer,
             run=msg.run,
@@ -514,7 +518,7 @@ class Sender:
             record_count=msg.record_count,
             origin=conn.id,
             sealed_ns=now,
-            deadline_ns=now + self.cfg.delivery_timeout_ms * MS,
+            deadline_ns=born + self.cfg.delivery_timeout_ms * MS,
             arrival=self._arrival,
         )
         if problem:

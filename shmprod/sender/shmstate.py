@@ -182,5 +182,12 @@ class SharedState:
         L.U32.pack_into(view, off + L.D_LENGTH, length)
         L.U32.pack_into(view, off + L.D_RECORD_COUNT, count)
 
+    def created_ns(self, buffer: int) -> int:
+        """When the worker opened the batch in ``buffer`` (its DESCRIPTOR's monotonic
+        clock reading; CLOCK_MONOTONIC is one clock for every process of the host).
+        Written by the worker, so untrusted: callers clamp it. Runs in: sender, once
+        Sealed made the buffer the sender's."""
+        return int(L.U64.unpack_from(self.view, self.geo.descriptor(buffer) + L.D_CREATED_NS)[0])
+
     def set_descriptor_state(self, buffer: int, state: int) -> None:
         L.U32.pack_into(self.view, self.geo.descriptor(buffer) + L.D_STATE, state)

@@ -89,9 +89,18 @@ _LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
 def _mark_forked() -> None:
-    """In a forked child: every inherited Worker refuses further use (no locks touched)."""
+    """In a forked child: every inherited Worker refuses further use (no locks touched),
+    and the child closes its copies of the Worker's sockets. The control socket then
+    stays open only in the process that attached, so the sender sees that process die
+    when it dies, not when its last forked child exits too. Runs in: a forked child,
+    single-threaded, right after ``fork``."""
     for w in list(_LIVE):
         w._state = FORKED
+        for name in ("_sock", "_wake_r", "_wake_w"):
+            sock = getattr(w, name, None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    os.close(sock.detach())
 
 
 os.register_at_fork(after_in_child=_mark_forked)

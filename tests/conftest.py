@@ -10,6 +10,7 @@ import pytest
 
 from shmprod.broker import EmbeddedBroker
 from shmprod.worker import Worker, attach
+from tests.kafka_proxy import KafkaProxy
 from tests.test_worker_fakesender import FakeSender
 
 _topic_ids = itertools.count()
@@ -47,6 +48,14 @@ def fresh_broker() -> Iterator[EmbeddedBroker]:
     """A broker of the test's own, for tests that must not share state."""
     with EmbeddedBroker() as b:
         yield b
+
+
+@pytest.fixture
+def proxy(broker: EmbeddedBroker) -> Iterator[KafkaProxy]:
+    """The fault-injecting proxy in front of the session broker: three nodes."""
+    with KafkaProxy(broker.host, broker.port, nodes=3) as p:
+        yield p
+    assert not p.running  # the loop thread was joined
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -22,12 +21,6 @@ from tests.readback import consume_all
 pytestmark = pytest.mark.broker
 
 PARTITIONS = 6
-
-
-@pytest.fixture
-def proxy(broker: EmbeddedBroker) -> Iterator[KafkaProxy]:
-    with KafkaProxy(broker.host, broker.port, nodes=3) as p:
-        yield p
 
 
 def _send_and_check(

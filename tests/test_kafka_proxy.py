@@ -6,7 +6,6 @@ import contextlib
 import socket
 import struct
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
@@ -24,13 +23,6 @@ pytestmark = pytest.mark.broker
 
 HOST = "127.0.0.1"
 NOT_LEADER_OR_FOLLOWER = 6
-
-
-@pytest.fixture
-def proxy(broker: EmbeddedBroker) -> Iterator[KafkaProxy]:
-    with KafkaProxy(broker.host, broker.port, nodes=3) as p:
-        yield p
-    assert not p.running  # the loop thread was joined
 
 
 def _batch(prefix: str, n: int) -> bytes:

@@ -7,7 +7,6 @@ is read back with confluent-kafka and checked at the offset each future reported
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,12 +20,6 @@ from tests.readback import consume_all
 pytestmark = pytest.mark.broker
 
 PARTITIONS = 3
-
-
-@pytest.fixture
-def proxy(broker: EmbeddedBroker) -> Iterator[KafkaProxy]:
-    with KafkaProxy(broker.host, broker.port, nodes=2) as p:
-        yield p
 
 
 def _producer(proxy: KafkaProxy, **extra: object) -> Producer:

@@ -69,7 +69,12 @@ class EmbeddedBroker:
 
     Use as a context manager; :meth:`stop` is idempotent and always reaps the process.
     ``advertised_port`` lets a proxy sit in front: the broker advertises that port in
-    Metadata while it listens on ``port``.
+    Metadata while it listens on ``port``. ``authentication=True`` starts tansu with
+    ``--authentication``: every connection must pass SASL (SCRAM only) before anything
+    but ApiVersions, SaslHandshake and SaslAuthenticate. tansu 0.6.0 with memory storage
+    keeps no SCRAM credentials, so every exchange ends with ``e=unknown-user``; and it
+    serves no TLS (``--cert`` and ``--key`` exclude each other). See ARCHITECTURE.md,
+    "Security".
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class EmbeddedBroker:
         start_timeout: float = 20.0,
         extra_args: tuple[str, ...] = (),
         log_path: str | None = None,
+        authentication: bool = False,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -88,6 +94,7 @@ class EmbeddedBroker:
         self.start_timeout = start_timeout
         self.extra_args = extra_args
         self.log_path = log_path
+        self.authentication = authentication
         self._proc: subprocess.Popen[bytes] | None = None
         self._binary: str | None = None
 
@@ -113,6 +120,7 @@ class EmbeddedBroker:
             f"tcp://{self.host}:{self.advertised_port}",
             "--storage-engine",
             "memory://tansu/",
+            *(("--authentication",) if self.authentication else ()),
             *self.extra_args,
         ]
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115

@@ -27,21 +27,44 @@ names (``"bootstrap.servers"``, ``"linger.ms"``). An unknown or ill-typed option
 | metadata_max_age_ms | 300000 | metadata.max.age.ms (300000) |
 | partitioner | "murmur2" | partitioner.class (built-in murmur2 + sticky) |
 | key_serializer / value_serializer | None (bytes only) | key.serializer / value.serializer |
+| security_protocol | "PLAINTEXT" | security.protocol: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL |
+| ssl_cafile | None (system CAs) | ssl.truststore.location (PEM here, not JKS) |
+| ssl_certfile / ssl_keyfile | None | ssl.keystore.location: a client certificate and key (PEM) |
+| ssl_password | None (secret) | ssl.key.password: the password of an encrypted ssl_keyfile |
+| ssl_check_hostname | True | ssl.endpoint.identification.algorithm ("https"; "" turns it off) |
+| sasl_mechanism | None (required with SASL_*) | sasl.mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 |
+| sasl_plain_username | None | sasl.jaas.config username (librdkafka: sasl.username) |
+| sasl_plain_password | None (secret) | sasl.jaas.config password (librdkafka: sasl.password) |
+
+Secrets (``ssl_password``, ``sasl_plain_password``) are masked in the repr, go to the
+sender over a pipe (never its command line), and are replaced by :data:`REDACTED` in
+the configuration given to workers (:meth:`ProducerConfig.for_workers`): workers never
+talk to brokers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from shmprod.errors import ConfigError
 from shmprod.protocol.compression import codec_id
 
+if TYPE_CHECKING:
+    from shmprod.protocol.sasl_exchange import SaslCredentials
+
 Serializer = Callable[[Any], bytes | None]
 
 ACKS_VALUES = {0: 0, 1: 1, -1: -1, "0": 0, "1": 1, "all": -1, "-1": -1}
+SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SECRET_OPTIONS: Final = ("ssl_password", "sasl_plain_password")
+REDACTED: Final = "[redacted]"
+"""What a secret option holds in the configuration handed to workers."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +92,78 @@ class ProducerConfig:
     partitioner: Any = "murmur2"
     key_serializer: Serializer | None = field(default=None, compare=False)
     value_serializer: Serializer | None = field(default=None, compare=False)
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: str | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
 
     def __post_init__(self) -> None:
         _check(self)
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            shown = "***" if f.name in SECRET_OPTIONS and value is not None else repr(value)
+            parts.append(f"{f.name}={shown}")
+        return f"ProducerConfig({', '.join(parts)})"
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client TLS context of ``security_protocol`` SSL / SASL_SSL (else None).
+
+        Certificates are always verified (against ``ssl_cafile``, or the system's CAs);
+        ``ssl_check_hostname=False`` only skips matching the broker's name. Raises
+        ConfigError naming the option whose file cannot be loaded.
+        """
+        if not self.uses_ssl:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.ssl_cafile is not None:
+            try:
+                ctx.load_verify_locations(cafile=self.ssl_cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    f"option 'ssl_cafile': cannot load {self.ssl_cafile!r}: {exc}"
+                ) from None
+        if self.ssl_certfile is not None:
+            if self.ssl_password == REDACTED:
+                raise ConfigError("option 'ssl_password' is redacted in this process")
+            try:
+                ctx.load_cert_chain(self.ssl_certfile, self.ssl_keyfile, self.ssl_password)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    f"options 'ssl_certfile'/'ssl_keyfile'/'ssl_password': cannot load the "
+                    f"client certificate {self.ssl_certfile!r}: {type(exc).__name__}"
+                ) from None
+        ctx.check_hostname = self.ssl_check_hostname
+        return ctx
+
+    def sasl_credentials(self) -> SaslCredentials | None:
+        """The :class:`SaslCredentials` of a SASL ``security_protocol`` (else None)."""
+        if not self.uses_sasl:
+            return None
+        from shmprod.protocol.sasl_exchange import SaslCredentials
+
+        if self.sasl_plain_password == REDACTED:
+            raise ConfigError("option 'sasl_plain_password' is redacted in this process")
+        assert self.sasl_mechanism is not None and self.sasl_plain_username is not None
+        return SaslCredentials(
+            self.sasl_mechanism, self.sasl_plain_username, self.sasl_plain_password or ""
+        )
 
     @property
     def compression_codec(self) -> int:
@@ -91,6 +183,10 @@ class ProducerConfig:
                 raise ConfigError(f"unknown producer option {raw!r}")
             if name in kwargs:
                 raise ConfigError(f"option {raw!r} given twice (as {name!r})")
+            if raw == "ssl.endpoint.identification.algorithm":
+                if value not in ("https", "HTTPS", "", None):
+                    raise ConfigError(f"option {raw!r} must be 'https' or '', got {value!r}")
+                value = value not in ("", None)
             kwargs[name] = value
         return cls(**kwargs)
 
@@ -101,6 +197,14 @@ class ProducerConfig:
             out.pop(name)
         if not isinstance(self.partitioner, str):
             out["partitioner"] = "murmur2"
+        return out
+
+    def for_workers(self) -> dict[str, Any]:
+        """:meth:`to_wire` with every secret replaced by :data:`REDACTED` (for the Handle)."""
+        out = self.to_wire()
+        for name in SECRET_OPTIONS:
+            if out[name] is not None:
+                out[name] = REDACTED
         return out
 
 
@@ -129,6 +233,16 @@ JAVA_NAMES: dict[str, str] = {
     "partitioner.class": "partitioner",
     "key.serializer": "key_serializer",
     "value.serializer": "value_serializer",
+    "security.protocol": "security_protocol",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "ssl.endpoint.identification.algorithm": "ssl_check_hostname",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
 }
 
 
@@ -216,3 +330,54 @@ def _check(cfg: ProducerConfig) -> None:
         fn = getattr(cfg, name)
         if fn is not None and not callable(fn):
             raise ConfigError(f"option {name!r} must be callable, got {fn!r}")
+    _check_security(cfg)
+
+
+def _opt_str(cfg: ProducerConfig, name: str) -> str | None:
+    v = getattr(cfg, name)
+    if v is not None and not isinstance(v, str):
+        shown = "***" if name in SECRET_OPTIONS else repr(v)
+        raise ConfigError(f"option {name!r} must be a str or None, got {type(v).__name__} {shown}")
+    return v
+
+
+def _check_security(cfg: ProducerConfig) -> None:
+    protocol = cfg.security_protocol
+    if not isinstance(protocol, str) or protocol.upper() not in SECURITY_PROTOCOLS:
+        raise ConfigError(
+            f"option 'security_protocol' must be one of {', '.join(SECURITY_PROTOCOLS)}, "
+            f"got {protocol!r}"
+        )
+    _set(cfg, "security_protocol", protocol.upper())
+    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        path = _opt_str(cfg, name)
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"option {name!r}: no such file {path!r}")
+    _opt_str(cfg, "ssl_password")
+    if cfg.ssl_keyfile is not None and cfg.ssl_certfile is None:
+        raise ConfigError("option 'ssl_keyfile' needs 'ssl_certfile' (the client certificate)")
+    if not isinstance(cfg.ssl_check_hostname, bool):
+        raise ConfigError(
+            f"option 'ssl_check_hostname' must be a bool, got {cfg.ssl_check_hostname!r}"
+        )
+    mechanism = _opt_str(cfg, "sasl_mechanism")
+    username = _opt_str(cfg, "sasl_plain_username")
+    password = _opt_str(cfg, "sasl_plain_password")
+    if mechanism is not None:
+        if mechanism.upper() not in SASL_MECHANISMS:
+            raise ConfigError(
+                f"option 'sasl_mechanism' must be one of {', '.join(SASL_MECHANISMS)}, "
+                f"got {mechanism!r}"
+            )
+        _set(cfg, "sasl_mechanism", mechanism.upper())
+    if cfg.uses_sasl:
+        if mechanism is None:
+            raise ConfigError(f"option 'sasl_mechanism' is required with {cfg.security_protocol}")
+        if not username:
+            raise ConfigError(
+                f"option 'sasl_plain_username' is required with {cfg.security_protocol}"
+            )
+        if password is None:
+            raise ConfigError(
+                f"option 'sasl_plain_password' is required with {cfg.security_protocol}"
+            )

@@ -4,18 +4,31 @@ Used by the demo, the command line and the tests today, and the seed of the send
 connections. All encoding and decoding is done by the sans-IO ``shmprod.protocol``
 package; this module only moves bytes: ``socket.sendmsg`` of buffer segments (record
 batches are never copied into the request) and a :class:`FrameDecoder` on the way back.
+
+Security (:meth:`BrokerConnection.from_config` takes it from a ``ProducerConfig``): TLS
+wraps the socket with an ``ssl.SSLContext`` (an ``SSLSocket`` has no ``sendmsg``: each
+segment is encrypted and sent in turn), and SASL runs :class:`SaslExchange` right after
+ApiVersions. A refused TLS handshake raises :class:`SslAuthenticationError`, refused
+credentials :class:`AuthenticationError`.
 """
 
 from __future__ import annotations
 
 import itertools
 import socket
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from shmprod.errors import DecodeError, KafkaConnectionError, KafkaError
+from shmprod.errors import (
+    AuthenticationError,
+    DecodeError,
+    KafkaConnectionError,
+    KafkaError,
+    SslAuthenticationError,
+)
 from shmprod.protocol.frames import FrameDecoder, UnsupportedVersionError, peek_correlation_id
 from shmprod.protocol.messages import (
     ApiVersionsRequest,
@@ -40,6 +53,10 @@ from shmprod.protocol.messages import (
     encode_request_segments,
     version_for,
 )
+from shmprod.protocol.sasl_exchange import SaslCredentials, SaslExchange, SaslStep
+
+if TYPE_CHECKING:
+    from shmprod.config import ProducerConfig
 
 R = TypeVar("R", bound=Response)
 Buffer = bytes | bytearray | memoryview
@@ -63,9 +80,16 @@ def parse_bootstrap(servers: str | Sequence[str]) -> list[tuple[str, int]]:
 
 
 def sendmsg_all(sock: socket.socket, segments: Sequence[Buffer]) -> int:
-    """Sends every segment with ``sendmsg`` (gather write), resuming after partial sends."""
+    """Sends every segment with ``sendmsg`` (gather write), resuming after partial sends.
+
+    On a TLS socket (no ``sendmsg``) each segment is encrypted and sent with ``sendall``.
+    """
     views = [memoryview(s).cast("B") for s in segments if len(s)]
     total = sum(len(v) for v in views)
+    if isinstance(sock, ssl.SSLSocket):
+        for view in views:
+            sock.sendall(view)
+        return total
     while views:
         sent = sock.sendmsg(views[:1024])  # IOV_MAX is 1024 on Linux
         while sent:
@@ -94,12 +118,16 @@ class BrokerConnection:
         client_id: str = "shmprod",
         timeout_s: float = 30.0,
         node_id: int = -1,
+        ssl_context: ssl.SSLContext | None = None,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.client_id = client_id
         self.timeout_s = timeout_s
         self.node_id = node_id
+        self.ssl_context = ssl_context
+        self._sasl = sasl
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder()
         self._correlation = itertools.count(1)
@@ -108,22 +136,75 @@ class BrokerConnection:
         # api key -> (min, max) offered by the broker
         self.api_versions: dict[int, tuple[int, int]] = {}
 
+    @classmethod
+    def from_config(
+        cls, config: ProducerConfig, host: str, port: int, *, node_id: int = -1
+    ) -> BrokerConnection:
+        """A connection with the client id, timeout and security of ``config``."""
+        return cls(
+            host,
+            port,
+            client_id=config.client_id,
+            timeout_s=config.request_timeout_ms / 1000,
+            node_id=node_id,
+            ssl_context=config.ssl_context(),
+            sasl=config.sasl_credentials(),
+        )
+
     # -- lifecycle --------------------------------------------------------------
 
     def connect(self) -> BrokerConnection:
-        """Connects and negotiates API versions."""
+        """Connects, completes TLS if configured, negotiates versions, authenticates."""
         try:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         except OSError as exc:
             raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.ssl_context is not None:
+            sock = self._wrap_tls(sock, self.ssl_context)
         self._sock = sock
         try:
             self._negotiate()
+            if self._sasl is not None:
+                self._authenticate(self._sasl)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _wrap_tls(self, sock: socket.socket, ctx: ssl.SSLContext) -> ssl.SSLSocket:
+        """The TLS handshake; SslAuthenticationError when the broker cannot be trusted."""
+        try:
+            return ctx.wrap_socket(sock, server_hostname=self.host)
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            raise SslAuthenticationError(
+                f"TLS to {self.host}:{self.port}: certificate not trusted: {exc.verify_message}"
+            ) from None
+        except ssl.SSLError as exc:
+            sock.close()
+            raise SslAuthenticationError(
+                f"TLS handshake with {self.host}:{self.port} failed: {exc.reason or exc}"
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise KafkaConnectionError(
+                f"TLS handshake with {self.host}:{self.port}: {exc}"
+            ) from exc
+
+    def _authenticate(self, credentials: SaslCredentials) -> None:
+        """SaslHandshake then SaslAuthenticate rounds; AuthenticationError if refused."""
+        exchange = SaslExchange(credentials, self.api_versions, f"{self.host}:{self.port}")
+        step: SaslStep | None = exchange.start()
+        while step is not None:
+            try:
+                resp = self.request(step.request, step.response_cls, step.version)
+            except KafkaConnectionError as exc:
+                raise AuthenticationError(
+                    f"{exc} during SASL {credentials.mechanism} authentication "
+                    "(brokers close the connection on a mechanism they do not enable)"
+                ) from None
+            step = exchange.on_response(resp)
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

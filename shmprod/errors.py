@@ -143,6 +143,20 @@ class FlushTimeoutError(ProducerError, TimeoutError):
     retriable = True
 
 
+class AuthenticationError(ProducerError):
+    """The broker refused the client's credentials (SASL), or the exchange could not
+    complete. Fatal: retrying with the same credentials cannot succeed."""
+
+    code = -1013
+
+
+class SslAuthenticationError(AuthenticationError):
+    """The TLS handshake failed: an untrusted certificate, a host name that does not
+    match it, or a peer that does not speak TLS. Fatal, like any authentication error."""
+
+    code = -1014
+
+
 _BY_CODE: dict[int, type[ProducerError]] = {
     cls.code: cls
     for cls in (
@@ -159,6 +173,8 @@ _BY_CODE: dict[int, type[ProducerError]] = {
         UnknownPartitionError,
         CorruptBatchError,
         FlushTimeoutError,
+        AuthenticationError,
+        SslAuthenticationError,
     )
 }
 

@@ -15,7 +15,9 @@ class Handle:
 
     Pickles to a few hundred bytes (fork, spawn, forkserver, ``multiprocess``/dill,
     Celery, Spark closures). ``secret`` proves to the sender that the attaching process
-    was given the handle; keep it as private as the producer itself.
+    was given the handle; keep it as private as the producer itself. ``config`` holds
+    no broker credential: passwords are replaced by ``config.REDACTED``
+    (:meth:`ProducerConfig.for_workers`); workers never talk to brokers.
     """
 
     segment: str
@@ -46,8 +48,11 @@ class Handle:
 class SenderSpec:
     """What the owner tells the sender process at start (``python -m shmprod.sender``).
 
-    ``listen_fd`` is the owner's listening UNIX socket, inherited through ``pass_fds``,
-    so workers can connect before the sender has started.
+    Travels as JSON on the sender's stdin, a pipe only the two processes hold: it carries
+    the handle's secret and the broker credentials, which must never appear in a command
+    line (``/proc/PID/cmdline`` is readable by every user). ``listen_fd`` is the owner's
+    listening UNIX socket, inherited through ``pass_fds``, so workers can connect before
+    the sender has started.
     """
 
     segment: str
@@ -60,6 +65,9 @@ class SenderSpec:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+    def __repr__(self) -> str:  # never the secret or the credentials
+        return f"SenderSpec(segment={self.segment!r}, owner_pid={self.owner_pid})"
 
     @classmethod
     def from_json(cls, text: str) -> SenderSpec:

@@ -1,7 +1,8 @@
 """The owner's side: ``Producer`` creates the shared producer (``attach`` joins it).
 
 Runs in: the owner (``Producer``) or any attaching process (``attach``). The owner
-creates the segment and the control socket, spawns the sender as a fresh interpreter,
+creates the segment and the control socket, spawns the sender as a fresh interpreter
+(its start-up spec, secrets included, goes over its stdin, never its command line),
 and attaches to its own producer like any worker. ``close()`` flushes, stops the sender
 and removes everything it created; if the owner dies instead, the sender does that.
 """
@@ -32,7 +33,7 @@ from shmprod.layout import Geometry, write_header
 from shmprod.shm import Segment
 from shmprod.worker import Worker, attach
 
-__all__ = ["Producer", "attach"]
+__all__ = ["Producer", "attach", "spawn_sender"]
 
 SENDER_START_TIMEOUT_S = 30.0
 
@@ -43,6 +44,34 @@ def _sender_env() -> dict[str, str]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(shmprod.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def spawn_sender(
+    spec: SenderSpec, *, env: Mapping[str, str] | None = None, start_new_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """Starts ``python -m shmprod.sender`` and writes ``spec`` to its stdin. Runs in: owner.
+
+    The spec (the handle's secret, broker credentials) goes through a pipe that is then
+    closed, never on the command line: ``/proc/PID/cmdline`` is readable by every user.
+    It is a few KiB, far below a pipe's buffer, so the write never waits for the sender;
+    a sender that died at once shows up as EPIPE here, or as EOF to ``attach``.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shmprod.sender"],
+        pass_fds=[spec.listen_fd],
+        stdin=subprocess.PIPE,
+        env=None if env is None else dict(env),
+        start_new_session=start_new_session,
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(spec.to_json().encode("utf-8"))
+    except BrokenPipeError:
+        pass
+    finally:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    return proc
 
 
 def _cleanup(segment: Segment, tmpdir: str, proc: subprocess.Popen[bytes]) -> None:
@@ -95,6 +124,7 @@ class Producer:
     def _start(self) -> None:
         """Creates the segment and socket, spawns the sender, attaches. Runs in: owner."""
         cfg = self.config
+        cfg.ssl_context()  # a bad certificate file fails here, in the caller, as ConfigError
         geo = Geometry.for_pool(cfg.buffer_memory, cfg.batch_size)
         self._segment = Segment.create(geo.segment_size)
         start_us = process_start_us()
@@ -115,13 +145,7 @@ class Producer:
                 listen_fd=listener.fileno(),
                 config=cfg.to_wire(),
             )
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "shmprod.sender", spec.to_json()],
-                pass_fds=[listener.fileno()],
-                stdin=subprocess.DEVNULL,
-                env=_sender_env(),
-                start_new_session=True,
-            )
+            self._proc = spawn_sender(spec, env=_sender_env(), start_new_session=True)
         except BaseException:
             listener.close()
             self._segment.close()
@@ -135,15 +159,19 @@ class Producer:
             socket_path=socket_path,
             secret=secret,
             owner_pid=self._pid,
-            config=cfg.to_wire(),
+            config=cfg.for_workers(),
             key_serializer=cfg.key_serializer,
             value_serializer=cfg.value_serializer,
             partitioner=None if isinstance(cfg.partitioner, str) else cfg.partitioner,
         )
+        worker: Worker | None = None
         try:
             worker = attach(self.handle, owner=True)
             worker.wait_ready(timeout=max(SENDER_START_TIMEOUT_S, cfg.max_block_ms / 1000))
         except BaseException:
+            if worker is not None:  # e.g. the sender refused by the broker (TLS, SASL)
+                with contextlib.suppress(Exception):
+                    worker.close(0)
             self._finalizer()
             raise
         self._workers[self._pid] = worker

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
@@ -21,11 +23,18 @@ class Landed:
 
 
 def consume_all(
-    bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 60.0
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    expected: int,
+    timeout_s: float = 60.0,
+    config: Mapping[str, Any] | None = None,
 ) -> dict[int, list[Landed]]:
     """Every record of ``topic`` by partition, in offset order; stops at ``expected`` records.
 
     Bounded by ``timeout_s``: returns what it has then (the caller's counts will show it).
+    ``config`` adds librdkafka options (``security.protocol``, ``ssl.ca.location``,
+    ``sasl.mechanism``, ...) to the consumer's.
     """
     consumer = Consumer(
         {
@@ -36,6 +45,7 @@ def consume_all(
             "enable.partition.eof": False,
             "fetch.wait.max.ms": 50,
             "log_level": 3,
+            **(config or {}),
         }
     )
     out: dict[int, list[Landed]] = {p: [] for p in range(partitions)}

@@ -20,6 +20,7 @@ from shmprod.protocol import error_codes
 from shmprod.protocol.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     FIRST_FLEXIBLE_VERSION,
+    NEVER_FLEXIBLE,
     ApiKey,
     FrameDecoder,
     UnsupportedVersionError,
@@ -64,6 +65,10 @@ from shmprod.protocol.messages import (
     ProduceResponse,
     Request,
     Response,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
     Struct,
     TopicProduceData,
     TopicProduceResponse,
@@ -95,6 +100,7 @@ with warnings.catch_warnings():
     from kafka.protocol import admin as kp_admin
     from kafka.protocol import metadata as kp_metadata
     from kafka.protocol import producer as kp_producer
+    from kafka.protocol import sasl as kp_sasl
     from kafka.protocol import schemas as kp_schemas
     from kafka.protocol.consumer import fetch as kp_fetch
 
@@ -240,6 +246,10 @@ KP_CLASSES: dict[type[Message], Any] = {
     ApiVersionsResponse: kp_metadata.ApiVersionsResponse,
     CreateTopicsRequest: kp_admin.CreateTopicsRequest,
     CreateTopicsResponse: kp_admin.CreateTopicsResponse,
+    SaslHandshakeRequest: kp_sasl.SaslHandshakeRequest,
+    SaslHandshakeResponse: kp_sasl.SaslHandshakeResponse,
+    SaslAuthenticateRequest: kp_sasl.SaslAuthenticateRequest,
+    SaslAuthenticateResponse: kp_sasl.SaslAuthenticateResponse,
 }
 
 
@@ -409,7 +419,9 @@ def test_declarations_match_kafka_json_schemas(cls: type[Message]) -> None:
     # Kafka 4 dropped CreateTopics v0-1, which older brokers still speak: only the
     # newest version we use must still be valid.
     assert in_range(schema["validVersions"], cls.VERSIONS[1])
-    assert schema["flexibleVersions"] == f"{FIRST_FLEXIBLE_VERSION[cls.API_KEY]}+"
+    first_flexible = FIRST_FLEXIBLE_VERSION[cls.API_KEY]
+    expected = "none" if first_flexible == NEVER_FLEXIBLE else f"{first_flexible}+"
+    assert schema["flexibleVersions"] == expected
     for version in range(cls.VERSIONS[0], cls.VERSIONS[1] + 1):
         assert_fields_match(schema["fields"], cls, version, cls.__name__)
 
@@ -702,7 +714,8 @@ def test_choose_version() -> None:
 def test_negotiate_versions() -> None:
     resp = ApiVersionsResponse(
         api_keys=[
-            ApiVersion(api_key=k, min_version=0, max_version=20) for k in (0, 1, 3, 18, 19, 22, 50)
+            ApiVersion(api_key=k, min_version=0, max_version=20)
+            for k in (0, 1, 3, 17, 18, 19, 22, 36, 50)
         ]
     )
     assert negotiate_versions(resp) == {k: hi for k, (_, hi) in SUPPORTED_VERSIONS.items()}

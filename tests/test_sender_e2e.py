@@ -35,6 +35,7 @@ from shmprod.errors import (
 )
 from shmprod.handle import SenderSpec
 from shmprod.ipc import process_start_us
+from shmprod.producer import spawn_sender
 from shmprod.protocol.records import NewRecord, decode_batches, encode_batch_into
 from shmprod.sender import lifecycle
 from shmprod.shm import Segment
@@ -87,11 +88,7 @@ class Owner:
             config=self.cfg.to_wire(),
         )
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shmprod.sender", spec.to_json()],
-                pass_fds=[listen.fileno()],
-                stdin=subprocess.DEVNULL,
-            )
+            self.proc = spawn_sender(spec)
         finally:
             listen.close()
         self.view = self.segment.view
@@ -550,8 +547,10 @@ _INTERMEDIATE = """
 import json, os, subprocess, sys
 spec = json.loads(sys.argv[1])
 spec["owner_pid"] = os.getpid()
-proc = subprocess.Popen([sys.executable, "-m", "shmprod.sender", json.dumps(spec)],
-                        pass_fds=[spec["listen_fd"]])
+proc = subprocess.Popen([sys.executable, "-m", "shmprod.sender"],
+                        pass_fds=[spec["listen_fd"]], stdin=subprocess.PIPE)
+proc.stdin.write(json.dumps(spec).encode())
+proc.stdin.close()
 print(os.getpid(), proc.pid, flush=True)
 sys.stdin.readline()
 """

@@ -13,7 +13,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from shmprod.connection import BrokerConnection
 from shmprod.handle import Handle, SenderSpec
 from shmprod.ipc import process_start_us
 from shmprod.layout import Geometry, write_header
+from shmprod.producer import spawn_sender
 from shmprod.shm import Segment
 from shmprod.worker import Worker, attach
 
@@ -77,12 +77,7 @@ def owner(broker: EmbeddedBroker) -> Iterator[Owner]:
                 listener.fileno(),
                 cfg.to_wire(),
             )
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "shmprod.sender", spec.to_json()],
-                pass_fds=[listener.fileno()],
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            proc = spawn_sender(spec, start_new_session=True)
         handle = Handle(seg.name, path, secret, os.getpid(), cfg.to_wire())
         worker = attach(handle, owner=True)
         worker.wait_ready(30)

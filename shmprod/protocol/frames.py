@@ -40,6 +40,10 @@ DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
 """Largest frame payload :class:`FrameDecoder` accepts unless told otherwise (100 MiB)."""
 
 
+NEVER_FLEXIBLE: Final = 0x8000
+"""First flexible version of an API that has none (above every int16 version)."""
+
+
 class ApiKey(IntEnum):
     """The Kafka API keys shmprod speaks."""
 
@@ -47,9 +51,11 @@ class ApiKey(IntEnum):
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     INIT_PRODUCER_ID = 22
+    SASL_AUTHENTICATE = 36
 
 
 FIRST_FLEXIBLE_VERSION: Final[Mapping[int, int]] = {
@@ -60,8 +66,11 @@ FIRST_FLEXIBLE_VERSION: Final[Mapping[int, int]] = {
     ApiKey.API_VERSIONS: 3,
     ApiKey.CREATE_TOPICS: 5,
     ApiKey.INIT_PRODUCER_ID: 2,
+    ApiKey.SASL_HANDSHAKE: NEVER_FLEXIBLE,
+    ApiKey.SASL_AUTHENTICATE: 2,
 }
-"""First flexible version of each known API (``flexibleVersions`` in the Kafka schemas)."""
+"""First flexible version of each known API (``flexibleVersions`` in the Kafka schemas;
+:data:`NEVER_FLEXIBLE` for ``"none"``)."""
 
 
 class UnsupportedVersionError(ProtocolError):

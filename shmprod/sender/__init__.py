@@ -1,7 +1,7 @@
 """The sender process: the one Kafka client of a host's shared producer.
 
-Started by the owner as ``python -m shmprod.sender '<SenderSpec json>'`` (a fresh
-interpreter, never a fork; it imports no user code). Modules, one responsibility each:
+Started by the owner as ``python -m shmprod.sender`` with its spec as JSON on stdin (a
+fresh interpreter, never a fork; it imports no user code). Modules, one responsibility each:
 
 - ``__main__``: entry point: map the segment, wrap the inherited listening socket, run.
 - ``loop``: the single-threaded selector loop and the control-plane protocol.

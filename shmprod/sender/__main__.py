@@ -1,9 +1,12 @@
-"""``python -m shmprod.sender '<SenderSpec json>'``: run the sender process.
+"""``python -m shmprod.sender < spec.json``: run the sender process.
 
-Maps the segment named in the spec, wraps the listening socket inherited from the owner
+Reads its :class:`SenderSpec` as JSON from stdin until EOF (the owner writes it into a
+pipe and closes it): the spec holds the handle's secret and the broker credentials,
+which a command line would show to every user. Maps the segment named in the spec, wraps the listening socket inherited from the owner
 (``pass_fds``), records this process's pid and start time in HEADER, runs the loop and
 exits with its status (see :mod:`shmprod.sender.lifecycle`). Logs go to stderr at the
-level in ``SHMPROD_LOG_LEVEL`` (default WARNING) and never contain the secret. SIGINT is
+level in ``SHMPROD_LOG_LEVEL`` (default WARNING) and never contain the secret or a
+password. SIGINT is
 ignored: a Ctrl-C in the user's terminal reaches the whole process group, and the owner
 decides when the producer closes.
 """
@@ -21,6 +24,8 @@ from shmprod.handle import SenderSpec
 from shmprod.ipc import process_start_us
 from shmprod.sender import lifecycle
 
+MAX_SPEC_BYTES = 1 << 20
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
@@ -30,12 +35,18 @@ def main(argv: list[str] | None = None) -> int:
         format="shmprod-sender[%(process)d] %(levelname)s %(message)s",
     )
     log = logging.getLogger("shmprod.sender")
-    if len(args) != 1:
-        log.error("usage: python -m shmprod.sender '<SenderSpec json>'")
+    if args:
+        log.error(
+            "usage: python -m shmprod.sender < spec.json (a SenderSpec on stdin; no arguments)"
+        )
         return lifecycle.EXIT_USAGE
     try:
-        spec = SenderSpec.from_json(args[0])
-    except (ValueError, TypeError) as exc:
+        text = sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
+        if len(text) > MAX_SPEC_BYTES:
+            raise ValueError("spec too large")
+        spec = SenderSpec.from_json(text.decode("utf-8"))
+        sys.stdin.close()
+    except (ValueError, TypeError, OSError) as exc:
         log.error("not a SenderSpec: %s", type(exc).__name__)
         return lifecycle.EXIT_USAGE
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -131,6 +131,8 @@ class Sender:
         self.drainer = Drainer(self.cfg.max_request_size, partition_limit)
         self._secret = bytes.fromhex(spec.secret_hex)
         self._bootstrap = parse_bootstrap(self.cfg.bootstrap_servers)
+        self._ssl_context = self.cfg.ssl_context()  # TLS and SASL of every broker connection
+        self._sasl = self.cfg.sasl_credentials()
         self._owner_alive = owner_alive or lifecycle.owner_watch(
             spec.owner_pid, spec.owner_start_us
         )
@@ -747,6 +749,8 @@ class Sender:
             client_id=self.cfg.client_id,
             request_timeout_ms=self.cfg.request_timeout_ms,
             now_ns=now,
+            ssl_context=self._ssl_context,
+            sasl=self._sasl,
         )
         try:
             conn.open()
@@ -785,9 +789,7 @@ class Sender:
             usable = conn.ready and conn.in_flight < self.max_in_flight
             if usable and (best is None or conn.in_flight < best.in_flight):
                 best = conn
-        if best is not None or any(
-            c.state in (ConnState.CONNECTING, ConnState.HANDSHAKE) for c in self._nodes.values()
-        ):
+        if best is not None or any(c.connecting for c in self._nodes.values()):
             return best
         for node in sorted(self.metadata.nodes):
             if node not in self._nodes and self._node_conn(node, now) is not None:
@@ -854,7 +856,11 @@ class Sender:
                 self._node_lost(conn, exc, now)
 
     def _node_lost(self, conn: NodeConnection, exc: ConnectionLost, now: int) -> None:
-        """Closes ``conn``; its produce requests come back as retriable errors."""
+        """Closes ``conn``; its produce requests come back as retriable errors. TLS or
+        SASL refused (``exc.fatal``) fails the whole producer: reconnecting cannot help."""
+        if exc.fatal is not None:
+            self._security_failed(exc.fatal)
+            return
         key = conn.node_id
         self._forget_socket(conn.sock)
         lost = conn.close()
@@ -1000,6 +1006,25 @@ class Sender:
                 if conn is self._owner:
                     self._post(conn, ipc.Ready(code, message))
                 self._post(conn, ipc.Fatal(code, message))
+        self._abort_all(code, message)
+        self._flush_controls_bounded()
+        self.exit_code = lifecycle.EXIT_BOOTSTRAP_FAILED
+
+    def _security_failed(self, error: Exception) -> None:
+        """TLS or SASL refused by a broker: at start the owner's ``Ready`` carries the
+        error (``Producer()`` raises it); later every worker gets ``Fatal``. Queued and
+        in-flight batches fail with it; the sender exits."""
+        code = getattr(error, "code", ProducerError.code)
+        message = str(error)
+        log.error("%s", message)
+        self.shared.set_state(L.STATE_FAILED, code)
+        for conn in list(self._ctl.values()):
+            if conn.authenticated:
+                if conn is self._owner and self.phase is Phase.BOOTSTRAP:
+                    self._post(conn, ipc.Ready(code, message))
+                self._post(conn, ipc.Fatal(code, message))
+        self._send_grants(self.pool.close())
+        self._send_topic_answers(self.metadata.fail_waiters(code))
         self._abort_all(code, message)
         self._flush_controls_bounded()
         self.exit_code = lifecycle.EXIT_BOOTSTRAP_FAILED

@@ -1,14 +1,31 @@
 """Non-blocking broker connections for the sender's selector loop.
 
 One :class:`NodeConnection` per broker node (and one per bootstrap server until the
-cluster's nodes are known). Lifecycle: CONNECTING (non-blocking ``connect``) ->
-HANDSHAKE (ApiVersions v3, falling back to the version the broker offers, KIP-511) ->
-READY -> CLOSED. Requests are pipelined; the loop caps them at
-``max_in_flight_requests_per_connection``.
+cluster's nodes are known). Lifecycle::
 
-Writes are gathered: each request is a list of segments (our header bytes, then
-memoryviews of shared-memory batches, never copied) written with ``socket.sendmsg`` and
-resumed after partial writes. Reads go through a :class:`FrameDecoder`; Kafka answers
+    CONNECTING (non-blocking connect)
+      -> TLS_HANDSHAKE       SSL / SASL_SSL only: ssl.SSLObject over two MemoryBIOs
+      -> HANDSHAKE           ApiVersions v3, falling back to what the broker offers (KIP-511)
+      -> AUTHENTICATING      SASL_* only: SaslHandshake + SaslAuthenticate (SaslExchange)
+      -> READY -> CLOSED
+
+Requests are pipelined; the loop caps them at ``max_in_flight_requests_per_connection``.
+Everything before READY is bounded by one deadline (``request_timeout_ms`` from the
+connect). A refused TLS handshake (untrusted certificate, wrong host name, not TLS) or
+refused credentials raise :class:`ConnectionLost` with ``fatal`` set: the loop fails the
+producer instead of reconnecting, since the same settings would be refused again. A
+broker that closes the connection during SASL is treated the same way (brokers do that
+for a mechanism they do not enable).
+
+Plaintext writes are gathered: each request is a list of segments (our header bytes,
+then memoryviews of shared-memory batches, never copied) written with ``socket.sendmsg``
+and resumed after partial writes. With TLS the socket only ever carries ciphertext: each
+segment is handed to ``SSLObject.write`` straight from shared memory (the encryption
+pass reads it in place), the ciphertext is read out of the outgoing BIO (one copy, into
+a ``bytes``) and sent with ``socket.send``; at most ``TLS_ENCRYPT_CHUNK`` bytes are
+encrypted ahead of what the socket took. Reads go socket -> incoming BIO ->
+``SSLObject.read`` -> the frame decoder. So TLS costs the cipher plus one extra copy of
+every byte each way; the zero-copy ``sendmsg`` path is for plaintext only. Reads go through a :class:`FrameDecoder`; Kafka answers
 in request order, so a response whose correlation id is not the oldest outstanding one
 is a protocol error.
 
@@ -26,13 +43,20 @@ from __future__ import annotations
 import errno
 import itertools
 import socket
+import ssl
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
 from shmprod import __version__
-from shmprod.errors import DecodeError, ProtocolError
+from shmprod.errors import (
+    AuthenticationError,
+    DecodeError,
+    ProtocolError,
+    ShmprodError,
+    SslAuthenticationError,
+)
 from shmprod.protocol import error_codes as ec
 from shmprod.protocol.frames import (
     ApiKey,
@@ -48,19 +72,31 @@ from shmprod.protocol.messages import (
     encode_request_segments,
     version_for,
 )
+from shmprod.protocol.sasl_exchange import SaslCredentials, SaslExchange, SaslStep
 
 IOV_MAX = 1024
 RECV_SIZE = 1 << 20
 MAX_READS_PER_EVENT = 8
 MS = 1_000_000
+TLS_ENCRYPT_CHUNK = 256 * 1024
 
 
 class ConnectionLost(Exception):
-    """The connection failed and must be closed (refused, reset, EOF, bad bytes, late)."""
+    """The connection failed and must be closed (refused, reset, EOF, bad bytes, late).
 
-    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+    ``fatal`` is set when reconnecting cannot help (TLS or SASL refused): the error to
+    fail the producer with."""
+
+    def __init__(
+        self, message: str, *, timed_out: bool = False, fatal: ShmprodError | None = None
+    ) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.fatal = fatal
+
+
+def _fatal(exc: ShmprodError) -> ConnectionLost:
+    return ConnectionLost(str(exc), fatal=exc)
 
 
 class ConnState(IntEnum):
@@ -68,6 +104,17 @@ class ConnState(IntEnum):
     HANDSHAKE = 1
     READY = 2
     CLOSED = 3
+    TLS_HANDSHAKE = 4
+    AUTHENTICATING = 5
+
+
+_OPENING = (
+    ConnState.CONNECTING,
+    ConnState.TLS_HANDSHAKE,
+    ConnState.HANDSHAKE,
+    ConnState.AUTHENTICATING,
+)
+"""States before READY: bounded by the connect deadline."""
 
 
 @dataclass(slots=True, eq=False)
@@ -106,6 +153,8 @@ class NodeConnection:
         client_id: str,
         request_timeout_ms: int,
         now_ns: int,
+        ssl_context: ssl.SSLContext | None = None,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self.node_id = node_id
         self.host = host
@@ -122,6 +171,13 @@ class NodeConnection:
         # (segment, request, last segment of that request)
         self._out: deque[tuple[memoryview, InFlight, bool]] = deque()
         self._apiversions_version = ApiVersionsRequest.VERSIONS[1]
+        self._ssl_context = ssl_context
+        self._sasl = sasl
+        self._sasl_exchange: SaslExchange | None = None
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in = ssl.MemoryBIO()
+        self._tls_out = ssl.MemoryBIO()
+        self._cipher: memoryview | None = None  # ciphertext the socket has not taken yet
 
     def __repr__(self) -> str:
         return f"NodeConnection(node={self.node_id}, {self.host}:{self.port}, {self.state.name})"
@@ -158,13 +214,21 @@ class NodeConnection:
         return self.state == ConnState.READY
 
     @property
+    def connecting(self) -> bool:
+        """Connecting, in TLS, in ApiVersions or authenticating: not READY yet."""
+        return self.state in _OPENING
+
+    @property
     def in_flight(self) -> int:
         """Requests queued or awaiting an answer (the handshake excluded)."""
-        return len(self._pending) - (1 if self.state == ConnState.HANDSHAKE else 0)
+        opening = self.state in (ConnState.HANDSHAKE, ConnState.AUTHENTICATING)
+        return len(self._pending) - (1 if opening else 0)
 
     @property
     def wants_write(self) -> bool:
-        return self.state == ConnState.CONNECTING or bool(self._out)
+        if self.state == ConnState.CONNECTING or self._out:
+            return True
+        return self._tls is not None and (self._cipher is not None or self._tls_out.pending > 0)
 
     def close(self) -> list[InFlight]:
         """Closes the socket; returns every request not answered (handshake excluded)."""
@@ -175,12 +239,15 @@ class NodeConnection:
         lost = [r for r in self._pending.values() if r.context is not _HANDSHAKE]
         self._pending.clear()
         self._out.clear()  # drops every memoryview of shared memory it held
+        self._tls = None
+        self._cipher = None
+        self._sasl_exchange = None
         return lost
 
     # -- timers --------------------------------------------------------------------------
 
     def next_deadline_ns(self) -> int | None:
-        if self.state in (ConnState.CONNECTING, ConnState.HANDSHAKE):
+        if self.state in _OPENING:
             return self._connect_deadline_ns
         for req in self._pending.values():
             return req.deadline_ns
@@ -188,10 +255,11 @@ class NodeConnection:
 
     def check_expired(self, now_ns: int) -> None:
         """Raises ConnectionLost(timed_out=True) if connecting or the oldest request is late."""
-        if self.state in (ConnState.CONNECTING, ConnState.HANDSHAKE):
+        if self.state in _OPENING:
             if now_ns >= self._connect_deadline_ns:
                 raise ConnectionLost(
-                    f"connecting to {self.host}:{self.port} timed out", timed_out=True
+                    f"connecting to {self.host}:{self.port} timed out (in {self.state.name})",
+                    timed_out=True,
                 )
             return
         for req in self._pending.values():
@@ -241,6 +309,8 @@ class NodeConnection:
         done: list[InFlight] = []
         if sock is None or self.state == ConnState.CONNECTING:
             return done
+        if self._tls is not None:
+            return self._flush_tls(sock, self._tls)
         while out:
             views = [seg for seg, _, _ in itertools.islice(out, IOV_MAX)]
             want = sum(len(v) for v in views)
@@ -267,6 +337,53 @@ class NodeConnection:
                 break
         return done
 
+    def _segment_written(self, req: InFlight, done: list[InFlight]) -> None:
+        req.written = True
+        if req.response_cls is None:
+            self._pending.pop(req.correlation_id, None)
+            done.append(req)
+
+    def _flush_tls(self, sock: socket.socket, tls: ssl.SSLObject) -> list[InFlight]:
+        """Encrypts queued segments (read in place) and sends the ciphertext."""
+        out = self._out
+        done: list[InFlight] = []
+        while self._send_cipher(sock) and out:
+            budget = TLS_ENCRYPT_CHUNK
+            while out and budget > 0:
+                seg, req, last = out[0]
+                n = min(len(seg), budget)
+                try:
+                    tls.write(seg[:n] if n < len(seg) else seg)
+                except ssl.SSLError as exc:
+                    raise ConnectionLost(f"TLS to {self.host}:{self.port}: {exc}") from None
+                budget -= n
+                if n < len(seg):
+                    out[0] = (seg[n:], req, last)
+                    continue
+                out.popleft()
+                if last:
+                    self._segment_written(req, done)
+        return done
+
+    def _send_cipher(self, sock: socket.socket) -> bool:
+        """Sends ciphertext until the socket is full (False) or none is left (True)."""
+        while True:
+            data = self._cipher
+            if data is None:
+                if not self._tls_out.pending:
+                    return True
+                data = memoryview(self._tls_out.read())
+            try:
+                sent = sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                self._cipher = data
+                return False
+            except OSError as exc:
+                raise ConnectionLost(f"send to {self.host}:{self.port} failed: {exc}") from None
+            self._cipher = data[sent:] if sent < len(data) else None
+            if self._cipher is not None:
+                return False
+
     # -- events --------------------------------------------------------------------------
 
     def on_writable(self, now_ns: int) -> list[InFlight]:
@@ -278,8 +395,15 @@ class NodeConnection:
                 raise ConnectionLost(
                     f"cannot connect to {self.host}:{self.port}: {errno.errorcode.get(err, err)}"
                 )
-            self.state = ConnState.HANDSHAKE
-            self._send_api_versions(now_ns)
+            if self._ssl_context is not None:
+                self.state = ConnState.TLS_HANDSHAKE
+                self._tls = self._ssl_context.wrap_bio(
+                    self._tls_in, self._tls_out, server_hostname=self.host
+                )
+                self._tls_step(now_ns)
+            else:
+                self.state = ConnState.HANDSHAKE
+                self._send_api_versions(now_ns)
         return self.flush()
 
     def on_readable(self, now_ns: int) -> list[tuple[InFlight, Response]]:
@@ -296,9 +420,10 @@ class NodeConnection:
             except OSError as exc:
                 raise ConnectionLost(f"receive from {self.host}:{self.port}: {exc}") from None
             if not data:
-                raise ConnectionLost(f"{self.host}:{self.port} closed the connection")
+                self._on_eof()
+            plain = data if self._tls is None else self._decrypt(data, now_ns)
             try:
-                frames = self._decoder.feed(data)
+                frames = self._decoder.feed(plain) if plain else []
             except DecodeError as exc:
                 raise ConnectionLost(f"bad frame from {self.host}:{self.port}: {exc}") from None
             for payload in frames:
@@ -308,6 +433,64 @@ class NodeConnection:
             if len(data) < RECV_SIZE:
                 break
         return answers
+
+    def _on_eof(self) -> None:
+        message = f"{self.host}:{self.port} closed the connection"
+        if self.state == ConnState.AUTHENTICATING and self._sasl is not None:
+            raise _fatal(
+                AuthenticationError(
+                    f"{message} during SASL {self._sasl.mechanism} authentication "
+                    "(brokers close the connection on a mechanism they do not enable)"
+                )
+            )
+        if self.state == ConnState.TLS_HANDSHAKE:
+            message += " during the TLS handshake"
+        raise ConnectionLost(message)
+
+    def _decrypt(self, data: bytes, now_ns: int) -> bytes:
+        """Ciphertext in, plaintext out (advancing the TLS handshake first if needed)."""
+        tls = self._tls
+        assert tls is not None
+        self._tls_in.write(data)
+        if self.state == ConnState.TLS_HANDSHAKE and not self._tls_step(now_ns):
+            return b""
+        chunks: list[bytes] = []
+        while True:
+            try:
+                chunk = tls.read(RECV_SIZE)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                raise ConnectionLost(f"{self.host}:{self.port} closed the TLS session") from None
+            except ssl.SSLError as exc:
+                raise ConnectionLost(f"TLS from {self.host}:{self.port}: {exc}") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _tls_step(self, now_ns: int) -> bool:
+        """Advances the TLS handshake; True once done (ApiVersions is then queued)."""
+        tls = self._tls
+        assert tls is not None
+        peer = f"{self.host}:{self.port}"
+        try:
+            tls.do_handshake()
+        except ssl.SSLWantReadError:
+            return False
+        except ssl.SSLCertVerificationError as exc:
+            raise _fatal(
+                SslAuthenticationError(
+                    f"TLS to {peer}: certificate not trusted: {exc.verify_message}"
+                )
+            ) from None
+        except ssl.SSLError as exc:
+            raise _fatal(
+                SslAuthenticationError(f"TLS handshake with {peer} failed: {exc.reason or exc}")
+            ) from None
+        self.state = ConnState.HANDSHAKE
+        self._send_api_versions(now_ns)
+        return True
 
     def _on_frame(self, payload: bytes, now_ns: int) -> tuple[InFlight, Response] | None:
         try:
@@ -327,6 +510,9 @@ class NodeConnection:
                 f"{self.host}:{self.port}: {exc}"
             ) from None
         if req.context is _HANDSHAKE:
+            if self.state == ConnState.AUTHENTICATING:
+                self._on_sasl(resp, now_ns)
+                return None
             assert isinstance(resp, ApiVersionsResponse)
             self._on_api_versions(resp, now_ns)
             return None
@@ -354,4 +540,34 @@ class NodeConnection:
                 f"ApiVersions from {self.host}:{self.port} answered {ec.error_name(resp.error_code)}"
             )
         self.api_versions = offered
+        if self._sasl is None:
+            self.state = ConnState.READY
+            return
+        self.state = ConnState.AUTHENTICATING
+        try:
+            self._sasl_exchange = SaslExchange(self._sasl, offered, f"{self.host}:{self.port}")
+        except AuthenticationError as exc:
+            raise _fatal(exc) from None
+        self._send_sasl(self._sasl_exchange.start(), now_ns)
+
+    # -- SASL ----------------------------------------------------------------------------
+
+    def _send_sasl(self, step: SaslStep, now_ns: int) -> None:
+        self.send(step.request, step.response_cls, _HANDSHAKE, now_ns, step.version)
+
+    def _on_sasl(self, resp: Response, now_ns: int) -> None:
+        exchange = self._sasl_exchange
+        assert exchange is not None
+        try:
+            step = exchange.on_response(resp)
+        except AuthenticationError as exc:
+            raise _fatal(exc) from None
+        except ProtocolError as exc:
+            raise _fatal(
+                AuthenticationError(f"{self.host}:{self.port}: bad SASL answer: {exc}")
+            ) from None
+        if step is not None:
+            self._send_sasl(step, now_ns)
+            return
+        self._sasl_exchange = None  # holds the password: drop it as soon as done
         self.state = ConnState.READY

@@ -1,7 +1,7 @@
 """The requests and responses shmprod speaks, in both directions.
 
 One module per API (``api_versions``, ``metadata``, ``produce``, ``init_producer_id``,
-``create_topics``) declares its dataclasses with version-gated fields (see
+``create_topics``, ``sasl``) declares its dataclasses with version-gated fields (see
 :mod:`.schema`); :mod:`.codec` turns them into whole frames and back.
 """
 
@@ -72,6 +72,12 @@ from shmprod.protocol.messages.produce import (
     TopicProduceData,
     TopicProduceResponse,
 )
+from shmprod.protocol.messages.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 from shmprod.protocol.messages.schema import (
     Message,
     RecordsBuffer,
@@ -125,6 +131,10 @@ __all__ = [
     "RecordsBuffer",
     "Request",
     "Response",
+    "SaslAuthenticateRequest",
+    "SaslAuthenticateResponse",
+    "SaslHandshakeRequest",
+    "SaslHandshakeResponse",
     "Segment",
     "Struct",
     "SupportedFeatureKey",

@@ -31,6 +31,12 @@ from shmprod.protocol.messages.init_producer_id import (
 )
 from shmprod.protocol.messages.metadata import MetadataRequest, MetadataResponse
 from shmprod.protocol.messages.produce import ProduceRequest, ProduceResponse
+from shmprod.protocol.messages.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 from shmprod.protocol.messages.schema import (
     Request,
     Response,
@@ -52,6 +58,8 @@ REQUEST_TYPES: Final[Mapping[int, type[Request]]] = {
         ApiVersionsRequest,
         CreateTopicsRequest,
         InitProducerIdRequest,
+        SaslHandshakeRequest,
+        SaslAuthenticateRequest,
     )
 }
 RESPONSE_TYPES: Final[Mapping[int, type[Response]]] = {
@@ -63,6 +71,8 @@ RESPONSE_TYPES: Final[Mapping[int, type[Response]]] = {
         ApiVersionsResponse,
         CreateTopicsResponse,
         InitProducerIdResponse,
+        SaslHandshakeResponse,
+        SaslAuthenticateResponse,
     )
 }
 SUPPORTED_VERSIONS: Final[Mapping[int, tuple[int, int]]] = {

@@ -16,10 +16,27 @@ DESCRIPTOR and returns the ``Sealed`` message that hands the batch to the sender
 
 Runs in: worker, under the Worker's state lock (process-local; it serialises the
 threads of one process, never processes).
+
+Test hook: :data:`fault_hook` is None in normal use and costs one global load per batch
+(never per record). A fault test sets it, in the worker process it wants to break, to a
+callable ``hook(point, view, end)`` called inside the critical section, with the state
+lock held and the batch's buffer still this worker's alone:
+
+* ``"seal"``: :func:`seal` was called; records are written in the buffer, the header is
+  not (the half-made batch a worker killed while appending leaves behind);
+* ``"sealed"``: header and CRC are written and the DESCRIPTOR says SEALED, the
+  ``Sealed`` message is not sent yet;
+* ``"bulk"``: ``send_batch`` wrote a whole batch into a granted buffer, not yet handed
+  over (:mod:`shmprod.worker.bulk`).
+
+``view`` starts at the batch's first byte and ``end`` is how many bytes are written; the
+hook may write into it (a buggy worker scribbling) or stop or kill the process (a worker
+dying mid-append), and must not keep the view after it returns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from shmprod import layout as L
@@ -28,9 +45,14 @@ from shmprod.ipc import Sealed
 from shmprod.protocol import compression as C
 from shmprod.protocol.records import HEADER_SIZE, batch_attributes, write_batch_header
 
-__all__ = ["OpenBatch", "describe_batch", "open_batch", "seal"]
+__all__ = ["FaultHook", "OpenBatch", "describe_batch", "fault_hook", "open_batch", "seal"]
 
 _D_STATE: Final = L.D_STATE
+
+FaultHook = Callable[[str, memoryview, int], None]
+
+#: Tests only: see the module docstring. None in normal use.
+fault_hook: FaultHook | None = None
 
 
 class OpenBatch:
@@ -145,6 +167,8 @@ def seal(
     """
     view = batch.view
     end = batch.pos
+    if fault_hook is not None:
+        fault_hook("seal", view, end)
     attributes = 0
     if codec != C.NONE and batch.count:
         raw = end - HEADER_SIZE
@@ -170,6 +194,8 @@ def seal(
     L.U32.pack_into(seg, d + L.D_LENGTH, end)
     L.U32.pack_into(seg, d + L.D_RECORD_COUNT, batch.count)
     L.U32.pack_into(seg, d + _D_STATE, L.BUF_SEALED)
+    if fault_hook is not None:
+        fault_hook("sealed", view, end)
     batch.release()
     msg = Sealed(batch.buffer, batch.run, batch.slot, batch.batch_id, end, batch.count)
     return msg, end

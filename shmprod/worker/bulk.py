@@ -321,6 +321,8 @@ class _Writer:
                 end = batch.write_into(mv, 0, compression=w._codec, level=w._level)
             except (EncodeError, CompressionError):
                 end = batch.write_into(mv, 0)  # compressed form does not fit: as is
+            if A.fault_hook is not None:  # tests only (see worker.append)
+                A.fault_hook("bulk", mv, end)
         except BaseException:
             with w._lock:
                 w._give_back_locked([buf], run)
@@ -343,6 +345,10 @@ class _Writer:
         msgs = []
         now = time.monotonic_ns()
         with w._lock:
+            # Once the producer failed (the I/O thread may have failed every pending
+            # outcome and exited), an outcome registered now would never resolve: raise,
+            # and the caller fails these rows as never handed over.
+            w._check_alive()
             for buf, run, slot, length, count, outcome, raw in self.pending:
                 bid = w._next_batch_id
                 w._next_batch_id = bid + 1

@@ -218,7 +218,12 @@ class WorkerCore:
         self, entry: TopicEntry, slot: int, buf: int, run: int, capacity: int
     ) -> A.OpenBatch:
         """Starts a batch in granted ``buf``. Runs in: worker, state lock held; the
-        buffer is this worker's alone (granted, not sealed), so shm needs no lock."""
+        buffer is this worker's alone (granted, not sealed), so shm needs no lock.
+
+        Raises once the producer failed: a wait for the buffer may have ended with the
+        grant and the failure together, after the I/O thread failed every open batch;
+        an outcome made now would never resolve."""
+        self._check_alive()
         bid = self._next_batch_id
         self._next_batch_id = bid + 1
         outcome = BatchOutcome(self._done_lock, entry.name, slot - entry.base)

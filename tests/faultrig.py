@@ -620,6 +620,14 @@ def _proxy_faults() -> list[Row]:
             c.px.set_leader(c.topic, part, (part + 1) % c.px.nodes)
         c.px.fail_next(PRODUCE, 6, count=2)
 
+    def too_large(c: RowContext) -> None:
+        def run() -> None:  # like a broker's max.message.bytes, for 1 s
+            c.px.set_max_message_bytes(3_000)
+            time.sleep(1.0)
+            c.px.set_max_message_bytes(None)
+
+        c.later(run)
+
     def node_down(c: RowContext) -> None:
         c.px.take_down(1)
 
@@ -643,6 +651,7 @@ def _proxy_faults() -> list[Row]:
         Row("slow broker: answers delayed 300 ms for 1 s", slow),
         Row("leaders moved (+ NOT_LEADER x2)", moves),
         Row("node 1 down 1 s, then back", node_down),
+        Row("MESSAGE_TOO_LARGE over 3000 B for 1 s (batches split)", too_large),
     ]
 
 

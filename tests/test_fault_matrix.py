@@ -23,28 +23,9 @@ from tests.faultrig import Row, Tally, rows, run_row
 
 pytestmark = pytest.mark.broker
 
-_KNOWN_BUGS = {
-    "broker restarted (memory storage: what it stored is gone)": (
-        "after the restart every batch answers UNKNOWN_PRODUCER_ID; the sender bumps the "
-        "epoch of the same producer id again and again (the new broker never issued that "
-        "id) instead of taking a new one, so nothing sent after the restart is delivered"
-    ),
-    "scribble: a process overwrites batches queued in the sender": (
-        "the sender checks a batch's CRC only when it is sealed; patching the producer "
-        "state at drain recomputes the CRC over whatever shared memory holds by then, so "
-        "bytes scribbled over a queued batch are sent, acknowledged and stored"
-    ),
-}
-
 
 def _params() -> list[object]:
-    out: list[object] = []
-    for row in rows():
-        marks = []
-        if row.fault in _KNOWN_BUGS:
-            marks.append(pytest.mark.xfail(strict=True, reason=_KNOWN_BUGS[row.fault]))
-        out.append(pytest.param(row, id=row.fault, marks=marks))
-    return out
+    return [pytest.param(row, id=row.fault) for row in rows()]
 
 
 def _no_harm(t: Tally) -> None:

@@ -283,8 +283,12 @@ def test_sequences_are_assigned_once_per_identity_and_wrap() -> None:
     ident.acknowledge(a)
     assert ident.is_next_expected(b)
     ident.request_reset()
-    assert not ident.can_drain
+    assert ident.reset_pending and ident.can_drain  # only fates still unknown go now
+    assert not ident.resolving(b)  # never sent: nothing to learn
+    b.unresolved = True  # sent, then the connection dropped
+    assert ident.resolving(b)
     ident.set_identity(5, 0)
+    assert not ident.resolving(b)  # not under the new identity
     assert ident.assign(b) and b.sequence == 0 and b.producer_id == 5
     assert next_sequence(2**31 - 2, 3) == 1 and next_sequence(2**31 - 1, 1) == 0
     assert next_sequence(10, 5) == 15

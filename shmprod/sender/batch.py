@@ -49,6 +49,7 @@ class Batch:
     producer_id: int = -1  # the identity the sequence belongs to
     producer_epoch: int = -1
     in_flight: bool = False
+    unresolved: bool = False  # sent with its sequence, never answered: fate unknown
     last_error: int = 0
     data: bytearray | None = None
     group: SplitGroup | None = None

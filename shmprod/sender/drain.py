@@ -13,6 +13,8 @@ Rules (Java's RecordAccumulator.drain, restated):
   a retry and any batch of the partition is still in flight (a retry is resent only
   when nothing of its partition is outstanding, so order is kept), and while it has
   ``partition_in_flight_limit`` batches in flight (5 with idempotence).
+- While a producer reset waits, only heads that pass the caller's filter go (batches
+  resent to learn their fate; see idempotence.py).
 """
 
 from __future__ import annotations
@@ -23,9 +25,18 @@ from shmprod.sender.accumulator import Accumulator
 from shmprod.sender.batch import Batch
 
 
-def sendable(batch: Batch, in_flight: int, partition_in_flight_limit: int, now_ns: int) -> bool:
-    """Whether ``batch``, the head of its partition's queue, may be sent now."""
+def sendable(
+    batch: Batch,
+    in_flight: int,
+    partition_in_flight_limit: int,
+    now_ns: int,
+    only: Callable[[Batch], bool] | None = None,
+) -> bool:
+    """Whether ``batch``, the head of its partition's queue, may be sent now (and, with
+    ``only``, passes that filter: while a producer reset waits)."""
     if in_flight >= partition_in_flight_limit:
+        return False
+    if only is not None and not only(batch):
         return False
     if batch.is_retry:
         return in_flight == 0 and batch.retry_at_ns <= now_ns
@@ -48,6 +59,7 @@ class Drainer:
         leader_of: Callable[[int], int],
         in_flight: Mapping[int, int],
         now_ns: int,
+        only: Callable[[Batch], bool] | None = None,
     ) -> tuple[dict[int, list[int]], list[int]]:
         """Sendable partition slots grouped by leader node, and the queued partitions
         whose leader is unknown (they need a metadata refresh)."""
@@ -56,7 +68,7 @@ class Drainer:
         limit = self.partition_in_flight_limit
         for slot in acc.ready_slots():
             head = acc.head(slot)
-            if head is None or not sendable(head, in_flight.get(slot, 0), limit, now_ns):
+            if head is None or not sendable(head, in_flight.get(slot, 0), limit, now_ns, only):
                 continue
             node = leader_of(slot)
             if node < 0:
@@ -72,6 +84,7 @@ class Drainer:
         acc: Accumulator,
         in_flight: Mapping[int, int],
         now_ns: int,
+        only: Callable[[Batch], bool] | None = None,
     ) -> list[Batch]:
         """Pops at most one batch per partition of ``slots`` (all led by ``node``) for one
         request. The caller marks them in flight before draining again."""
@@ -88,7 +101,7 @@ class Drainer:
             idx = (start + i) % n
             slot = ordered[idx]
             head = acc.head(slot)
-            if head is None or not sendable(head, in_flight.get(slot, 0), limit, now_ns):
+            if head is None or not sendable(head, in_flight.get(slot, 0), limit, now_ns, only):
                 continue
             if out and size + head.length > self.max_request_size:
                 stopped_at = idx

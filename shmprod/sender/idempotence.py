@@ -8,8 +8,12 @@
   "next expected" sequence past it.
 - When a sequence can no longer be trusted -- a batch that carried one failed for good,
   or the broker answered UNKNOWN_PRODUCER_ID or an OUT_OF_ORDER_SEQUENCE_NUMBER for the
-  first unacknowledged batch -- :meth:`ProducerIdentity.request_reset` stops all
-  draining. Once nothing is in flight the sender bumps the epoch itself, as Java's
+  first unacknowledged batch -- :meth:`ProducerIdentity.request_reset` stops sending
+  new batches. Batches whose fate is unknown (sent, then the connection dropped or the
+  request timed out) are first resent under the current identity until the broker
+  answers for each (written, a duplicate, or out of order: not written), because under
+  a new identity the broker could no longer recognise them and would write them twice.
+  Once none is left and nothing is in flight the sender bumps the epoch itself, as Java's
   idempotent producer does (KIP-360, :meth:`ProducerIdentity.bump_epoch`): same producer
   id, epoch + 1, every sequence back to 0. Queued batches get fresh sequences when
   drained again.
@@ -17,6 +21,10 @@
   batch under it; tansu does). Then bumping is given up for good
   (:meth:`ProducerIdentity.refuse_bump`) and every later reset takes a NEW producer id
   from InitProducerId instead -- also what happens when the epoch is at its maximum.
+- UNKNOWN_PRODUCER_ID for a batch that starts its partition's sequences (0) means the
+  broker does not know the id at all (a broker that lost its state, or never issued
+  it): bumping cannot help, so that reset takes a new id
+  (:meth:`ProducerIdentity.request_new_id`).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ class ProducerIdentity:
         "bump_refused",
         "bumped",
         "enabled",
+        "new_id_pending",
         "producer_epoch",
         "producer_id",
         "reset_pending",
@@ -57,6 +66,7 @@ class ProducerIdentity:
         self.reset_pending = False
         self.bumped = False  # the current epoch is one this producer bumped itself
         self.bump_refused = False  # the broker fenced a bumped epoch: take new ids instead
+        self.new_id_pending = False  # the pending reset must take a new id (id unknown)
         self._next: dict[int, int] = {}  # partition slot -> next sequence to assign
         self._acked: dict[int, int] = {}  # partition slot -> next sequence the broker expects
 
@@ -66,8 +76,13 @@ class ProducerIdentity:
 
     @property
     def can_drain(self) -> bool:
-        """False while an id is missing or a reset waits for in-flight requests."""
-        return not self.enabled or (self.has_id and not self.reset_pending)
+        """False while an id is missing (batches wait for one)."""
+        return not self.enabled or self.has_id
+
+    def resolving(self, batch: Batch) -> bool:
+        """Whether ``batch`` may be sent while a reset waits: only to learn the fate of
+        a batch sent under the current identity and never answered."""
+        return batch.unresolved and self.is_current(batch)
 
     def set_identity(self, producer_id: int, producer_epoch: int) -> None:
         """A new id/epoch from InitProducerId: every sequence restarts at 0."""
@@ -76,13 +91,19 @@ class ProducerIdentity:
         self._next.clear()
         self._acked.clear()
         self.reset_pending = False
+        self.new_id_pending = False
         self.bumped = False
 
     def bump_epoch(self) -> bool:
         """KIP-360 for an idempotent producer: the same id with epoch + 1, sequences
         from 0. False (nothing changed) when the broker refused a bump before or the
         epoch is at its maximum: the caller must take a new producer id instead."""
-        if not self.has_id or self.bump_refused or self.producer_epoch >= INT16_MAX:
+        if (
+            not self.has_id
+            or self.bump_refused
+            or self.new_id_pending
+            or self.producer_epoch >= INT16_MAX
+        ):
             return False
         self.set_identity(self.producer_id, self.producer_epoch + 1)
         self.bumped = True
@@ -96,6 +117,22 @@ class ProducerIdentity:
             and self.bumped
             and code in (ec.PRODUCER_FENCED, ec.INVALID_PRODUCER_EPOCH)
             and self.is_current(batch)
+        )
+
+    def request_new_id(self) -> None:
+        """Resets under a new producer id, not a bump: the broker does not know the id."""
+        if self.enabled:
+            self.new_id_pending = True
+            self.reset_pending = True
+
+    def id_unknown(self, code: int, batch: Batch) -> bool:
+        """UNKNOWN_PRODUCER_ID for the batch that starts its partition's sequences under
+        the current identity: the broker refuses the id itself, whatever the epoch."""
+        return (
+            self.enabled
+            and code == ec.UNKNOWN_PRODUCER_ID
+            and self.is_current(batch)
+            and batch.sequence == 0
         )
 
     def refuse_bump(self) -> None:

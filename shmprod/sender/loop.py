@@ -160,6 +160,7 @@ class Sender:
         self._pid_in_flight = False
         self._pid_failures = 0
         self._pid_retry_at = 0
+        self._resets_in_a_row = 0  # epoch bumps / new ids with no batch written between
 
         now = clock()
         self.phase = Phase.BOOTSTRAP
@@ -630,6 +631,7 @@ class Sender:
             batch.last_error = code
         d = decide(code, batch, self.identity, self.cfg.retries, now)
         if d.action is Action.SUCCEED:
+            self._resets_in_a_row = 0
             self.identity.acknowledge(batch)
             self._finish(batch, 0, ans.base_offset, ans.log_append_time_ms)
             return
@@ -642,6 +644,8 @@ class Sender:
             if d.refuse_bump and not self.identity.bump_refused:
                 log.warning("the broker fenced a bumped epoch: new producer ids from now on")
                 self.identity.refuse_bump()
+            elif d.new_id:
+                self.identity.request_new_id()
             elif d.reset_producer:
                 self.identity.request_reset()
             batch.attempts += 1
@@ -709,6 +713,29 @@ class Sender:
             batch.record_count,
             len(pieces),
         )
+
+    def _still_intact(self, batch: Batch) -> bool:
+        """Whether a queued batch's shared-memory bytes are still the ones validated when
+        it was sealed: framing, CRC and record count, checked again right before each
+        send, because patching the producer state recomputes the CRC over whatever the
+        buffer holds. A batch something scribbled over fails alone (CorruptBatchError);
+        if it carried a sequence, that sequence is now a gap (reset). A scribble landing
+        while the request is being written cannot be seen without a copy."""
+        if batch.data is not None:
+            return True  # a piece of a split batch: the sender's own memory
+        try:
+            hdr = records.validate_batch(self.view, self.geo.buffer(batch.buffer), batch.length)
+            if hdr.record_count != batch.record_count:
+                raise ProtocolError(f"record count {hdr.record_count} != {batch.record_count}")
+        except ProtocolError as exc:
+            log.warning("a queued batch changed in shared memory: %s", exc)
+            if batch.sequence != NO_SEQUENCE and self.identity.is_current(batch):
+                self.identity.request_reset()
+            self._finish(
+                batch, CorruptBatchError.code, message=f"batch changed after sealing: {exc}"
+            )
+            return False
+        return True
 
     def _bytes_of(self, batch: Batch) -> memoryview:
         """A batch's bytes: in shared memory, or the sender's own for a piece."""
@@ -891,6 +918,7 @@ class Sender:
             assert isinstance(resp, ProduceResponse)
             self._request_done(ctx)
             for ans in match_response(ctx, resp):
+                ans.batch.unresolved = False  # the broker answered for it
                 self._on_batch_answer(ans, now)
         elif ctx is _METADATA:
             assert isinstance(resp, MetadataResponse)
@@ -939,11 +967,14 @@ class Sender:
         ident = self.identity
         if not ident.enabled or self._pid_in_flight or now < self._pid_retry_at:
             return
-        if ident.has_id and not (ident.reset_pending and self._requests_in_flight == 0):
+        if ident.has_id and not (
+            ident.reset_pending and self._requests_in_flight == 0 and not self._fates_unknown()
+        ):
             return
         if ident.has_id and ident.bump_epoch():
             self.acc.clear_sequences()
             self.shared.add(L.S_EPOCH_BUMPS, 1)
+            self._reset_done(now)
             log.info("producer id %d: epoch bumped to %d", ident.producer_id, ident.producer_epoch)
             return
         if not self.metadata.bootstrapped:
@@ -970,9 +1001,28 @@ class Sender:
         self._pid_failures = 0
         if self.identity.has_id:
             self.shared.add(L.S_PRODUCER_ID_RESETS, 1)
+            self._reset_done(now)
         self.identity.set_identity(resp.producer_id, resp.producer_epoch)
         self.acc.clear_sequences()
         log.info("producer id %d epoch %d", resp.producer_id, resp.producer_epoch)
+
+    def _fates_unknown(self) -> bool:
+        """Whether a queued batch was sent under the current identity and never answered
+        (a reset waits until the broker has answered for each: see idempotence.py). Only
+        queue heads count: behind a head the broker answered, nothing can be written."""
+        resolving = self.identity.resolving
+        return any(
+            (head := self.acc.head(slot)) is not None and resolving(head)
+            for slot in self.acc.ready_slots()
+        )
+
+    def _reset_done(self, now: int) -> None:
+        """After an epoch bump or a new id: the next reset waits a backoff that grows
+        while resets follow each other with no batch written between them."""
+        self._resets_in_a_row += 1
+        self._pid_retry_at = now + backoff_ns(
+            self._resets_in_a_row, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms
+        )
 
     def _pid_failed(self, now: int) -> None:
         self._pid_failures += 1
@@ -1034,8 +1084,9 @@ class Sender:
     def _drain(self, now: int) -> None:
         if self.phase is Phase.BOOTSTRAP or not len(self.acc) or not self.identity.can_drain:
             return
+        only = self.identity.resolving if self.identity.reset_pending else None
         by_node, no_leader = self.drainer.ready_by_leader(
-            self.acc, self.metadata.leader, self._part_in_flight, now
+            self.acc, self.metadata.leader, self._part_in_flight, now, only
         )
         if no_leader:
             self.metadata.request_refresh(now)
@@ -1044,14 +1095,16 @@ class Sender:
             if conn is None or not conn.ready:
                 continue
             while conn.ready and conn.in_flight < self.max_in_flight:
-                batches = self.drainer.drain(node, slots, self.acc, self._part_in_flight, now)
+                batches = self.drainer.drain(node, slots, self.acc, self._part_in_flight, now, only)
                 if not batches:
                     break
                 self._send_produce(conn, batches, now)
 
     def _send_produce(self, conn: NodeConnection, batches: list[Batch], now: int) -> None:
-        """Assigns sequences (idempotence), then queues one ProduceRequest and writes it."""
+        """Checks each batch's bytes again, assigns sequences (idempotence), then queues
+        one ProduceRequest and writes it."""
         ident = self.identity
+        batches = [b for b in batches if self._still_intact(b)]
         if ident.enabled:
             ok: list[Batch] = []
             for batch in batches:
@@ -1093,6 +1146,7 @@ class Sender:
             return
         for batch in batches:
             batch.in_flight = True
+            batch.unresolved = ident.enabled
             slot = batch.partition_slot
             n = self._part_in_flight.get(slot, 0) + 1
             self._part_in_flight[slot] = n

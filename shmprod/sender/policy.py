@@ -33,6 +33,7 @@ class Decision:
     refresh_metadata: bool = False
     reset_producer: bool = False
     refuse_bump: bool = False  # the broker fenced a self-bumped epoch: take new ids
+    new_id: bool = False  # the broker does not know the producer id: take a new one
 
 
 def decide(
@@ -43,7 +44,8 @@ def decide(
     - 0, and 46 DUPLICATE_SEQUENCE_NUMBER when idempotent: success.
     - 45 OUT_OF_ORDER_SEQUENCE_NUMBER: fallout of an earlier batch's failure (retry), or
       when the batch is the first unacknowledged one, a broken sequence: retry under a
-      new epoch (reset). 59 UNKNOWN_PRODUCER_ID: the same reset.
+      new epoch (reset). 59 UNKNOWN_PRODUCER_ID: the same reset, or a new producer id
+      when the batch already started from sequence 0 (the broker does not know the id).
     - 90 PRODUCER_FENCED / 47 INVALID_PRODUCER_EPOCH for a batch under an epoch the
       producer bumped itself: the broker does not take such bumps; retry under a new
       producer id (refuse_bump). Otherwise they are fatal for the batch.
@@ -61,6 +63,10 @@ def decide(
         reset = identity.is_next_expected(batch)
         retriable = True
     elif identity.enabled and code == ec.UNKNOWN_PRODUCER_ID:
+        if identity.id_unknown(code, batch):
+            if now_ns >= batch.deadline_ns:
+                return Decision(Action.FAIL, DeliveryTimeoutError.code, retriable=True)
+            return Decision(Action.RETRY, code, retriable=True, reset_producer=True, new_id=True)
         reset = True
         retriable = True
     elif identity.refuses_bump(code, batch):

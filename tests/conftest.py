@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
+from shmprod import layout as L
 from shmprod.broker import EmbeddedBroker
 from shmprod.worker import Worker, attach
 from tests.kafka_proxy import KafkaProxy
@@ -21,14 +24,34 @@ def _segments() -> set[str]:
     return {f for f in os.listdir(shm) if f.startswith("shmprod-")} if os.path.isdir(shm) else set()
 
 
+def _someone_elses(name: str) -> bool:
+    """A segment whose owner is alive and outside this test process's tree: a producer of
+    another program (or another test session) on this host, not ours to judge."""
+    try:
+        with open(f"/dev/shm/{name}", "rb") as f:
+            f.seek(L.H_OWNER_PID)
+            pid = int.from_bytes(f.read(8), "little")
+        owner = psutil.Process(pid)
+        if owner.status() == psutil.STATUS_ZOMBIE:
+            return False
+        me = os.getpid()
+        return pid != me and all(p.pid != me for p in owner.parents())
+    except (OSError, ValueError, psutil.Error):
+        return False  # gone, unreadable or dead owner: judged as ours
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_segments() -> Iterator[None]:
-    """Fails the run if any test left a shared-memory segment behind (and removes it)."""
+    """Fails the run if any test left a shared-memory segment behind (and removes it).
+
+    Segments of live producers outside this process tree are left alone, so test runs
+    side by side on one host neither blame nor delete each other's segments."""
     before = _segments()
     yield
-    leaked = _segments() - before
+    leaked = {name for name in _segments() - before if not _someone_elses(name)}
     for name in leaked:
-        os.unlink(f"/dev/shm/{name}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{name}")
     assert not leaked, f"tests left shared-memory segments behind: {sorted(leaked)}"
 
 

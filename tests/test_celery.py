@@ -1,0 +1,224 @@
+"""workers/celery_app.py: a real ``celery worker --pool prefork`` sharing one producer.
+
+The worker runs as a subprocess with kombu's ``filesystem://`` transport and a file
+result backend in a temporary directory (no message server). Every wait is bounded and
+the worker, its pool children and the producer's sender are gone after the module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shmprod.broker import EmbeddedBroker
+from shmprod.errors import UnknownPartitionError
+from shmprod.partitioner import murmur2
+from tests.readback import consume_all
+
+pytest.importorskip("celery", reason="the celery extra is not installed")
+
+from workers import celery_app
+
+pytestmark = [pytest.mark.broker, pytest.mark.celery]
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 60.0
+RESULT_TIMEOUT_S = 60.0
+BASE_MS = 1_700_000_000_000
+
+
+class CeleryWorker:
+    """A ``celery worker`` process, its log, and the processes it started."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.segment: str | None = None  # the producer's, once a test asked for it
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"celery worker exited with {self.proc.returncode}:\n{self.log_text()}")
+            if " ready." in self.log_text():
+                return
+            time.sleep(0.2)
+        pytest.fail(f"celery worker not ready within {START_TIMEOUT_S} s:\n{self.log_text()}")
+
+    def stop(self) -> list[psutil.Process]:
+        """Warm shutdown (SIGTERM: the pool stops, then the producer closes), bounded;
+        then SIGKILL for whatever is left. Returns the processes that had to be killed."""
+        try:
+            family = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(True)]
+        except psutil.NoSuchProcess:
+            family = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(40)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        _, alive = psutil.wait_procs(family, timeout=20)
+        for p in alive:
+            p.kill()
+        psutil.wait_procs(alive, timeout=10)
+        return alive
+
+
+@pytest.fixture(scope="module")
+def worker(
+    broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CeleryWorker]:
+    data = tmp_path_factory.mktemp("celery")
+    celery_app.configure(celery_app.app, data)
+    log = data / "worker.log"
+    env = {
+        **os.environ,
+        "SHMPROD_CELERY_DIR": str(data),
+        "SHMPROD_BOOTSTRAP": broker.bootstrap,
+        "SHMPROD_PRODUCER_OPTIONS": '{"compression_type": "lz4", "linger_ms": 5}',
+        "PYTHONPATH": str(ROOT),
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.celery_app",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--hostname",
+                f"shmprod-test-{os.getpid()}@%h",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    w = CeleryWorker(proc, log)
+    try:
+        w.wait_ready()
+        yield w
+    finally:
+        killed = w.stop()
+        celery_app.app.close()
+        assert not killed, f"processes still alive after the worker stopped: {killed}"
+        if w.segment is not None:
+            assert not os.path.exists(f"/dev/shm/{w.segment}"), "the producer was not closed"
+        assert w.proc.returncode == 0, w.log_text()
+        text = w.log_text()
+        # the only tracebacks are the task failures a test asked for
+        assert text.count("Traceback") == text.count("raised unexpected: UnknownPartitionError")
+        assert "ERROR/MainProcess" not in text and "CRITICAL" not in text, text
+
+
+def results(asyncs: list[Any]) -> list[dict[str, Any]]:
+    return [a.get(timeout=RESULT_TIMEOUT_S, interval=0.05) for a in asyncs]
+
+
+def test_export_rows_through_prefork_children(
+    worker: CeleryWorker, broker: EmbeddedBroker, topic_name: str
+) -> None:
+    partitions, tasks, per_task = 3, 8, 1_500
+    broker.create_topic(topic_name, partitions)
+    asyncs = [
+        celery_app.export_rows.delay(
+            topic_name,
+            [
+                {"key": f"user-{i % 211}", "value": f"row-{i}", "timestamp_ms": BASE_MS + i}
+                for i in range(t * per_task, (t + 1) * per_task)
+            ],
+        )
+        for t in range(tasks)
+    ]
+    done = results(asyncs)
+    n = tasks * per_task
+    assert sum(r["records"] for r in done) == n
+    assert all(r["pid"] != worker.proc.pid for r in done)  # ran in pool children
+    stats = celery_app.producer_stats.delay().get(timeout=RESULT_TIMEOUT_S, interval=0.05)
+    # the main process (owner) and each of the two children attached exactly once
+    assert stats["sender"]["workers_attached"] == 3
+    worker.segment = stats["segment"]
+    landed = consume_all(broker.bootstrap, topic_name, partitions, n, 60)
+    records = [r for recs in landed.values() for r in recs]
+    assert len(records) == n == len({r.value for r in records})
+    for r in records:
+        assert r.value is not None and r.key is not None
+        i = int(r.value.removeprefix(b"row-"))
+        assert r.key == f"user-{i % 211}".encode()
+        assert r.timestamp_ms == BASE_MS + i
+        assert r.partition == (murmur2(r.key) & 0x7FFFFFFF) % partitions
+    sent: dict[int, int] = {}
+    for r in done:
+        for p, c in r["partitions"].items():
+            sent[int(p)] = sent.get(int(p), 0) + c
+    assert sent == {p: len(recs) for p, recs in landed.items() if recs}
+
+
+def test_export_parquet_row_groups(
+    worker: CeleryWorker, broker: EmbeddedBroker, topic_name: str, tmp_path: Path
+) -> None:
+    n, partitions = 6_000, 2
+    table = pa.table(
+        {
+            "user_id": pa.array(np.arange(n) % 300),
+            "payload": pa.array([f'{{"i":{i}}}' for i in range(n)]),
+            "ts": pa.array((BASE_MS + np.arange(n)).astype("datetime64[ms]"), pa.timestamp("ms")),
+        }
+    )
+    path = tmp_path / "events.parquet"
+    pq.write_table(table, path, row_group_size=1_000)
+    broker.create_topic(topic_name, partitions)
+    asyncs = [
+        celery_app.export_parquet.delay(
+            str(path), topic_name, "payload", "user_id", "ts", row_groups=groups
+        )
+        for groups in ([0, 1, 2], [3, 4], [5])
+    ]
+    assert sum(r["records"] for r in results(asyncs)) == n
+    landed = consume_all(broker.bootstrap, topic_name, partitions, n, 60)
+    got = {r.value: r for recs in landed.values() for r in recs}
+    assert len(got) == n == sum(len(recs) for recs in landed.values())
+    for i in range(n):
+        rec = got[f'{{"i":{i}}}'.encode()]
+        assert rec.key == str(i % 300).encode()
+        assert rec.timestamp_ms == BASE_MS + i
+        assert rec.partition == (murmur2(rec.key) & 0x7FFFFFFF) % partitions
+
+
+def test_a_failed_send_fails_the_task_with_the_typed_error(
+    worker: CeleryWorker, broker: EmbeddedBroker, topic_name: str
+) -> None:
+    broker.create_topic(topic_name, 1)
+    bad = celery_app.export_rows.delay(topic_name, [{"value": "x", "partition": 4}])
+    with pytest.raises(UnknownPartitionError):
+        bad.get(timeout=RESULT_TIMEOUT_S, interval=0.05)
+    ok = celery_app.export_rows.delay(topic_name, [{"value": "y", "partition": 0}])
+    assert ok.get(timeout=RESULT_TIMEOUT_S, interval=0.05)["records"] == 1

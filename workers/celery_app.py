@@ -1,0 +1,254 @@
+"""A Celery app whose prefork pool children share the host's one shmprod producer.
+
+    SHMPROD_BOOTSTRAP=127.0.0.1:9092 SHMPROD_CELERY_DIR=/var/lib/exports \\
+        celery -A workers.celery_app worker --pool prefork --concurrency 4
+
+    >>> from workers.celery_app import app, configure, export_rows
+    >>> configure(app, "/var/lib/exports")               # the same directory as the worker
+    >>> export_rows.delay("events", [{"key": "u1", "value": "{...}"}]).get(timeout=60)
+    {'records': 1, 'partitions': {'2': 1}, 'pid': 4242}
+
+The main worker process creates ONE producer when it starts (``worker_init``, before the
+pool forks); every pool child attaches to it by handle in ``worker_process_init`` (or on
+its first task, for pools that do not send that signal) and detaches in
+``worker_process_shutdown``; the main process closes the producer in ``worker_shutdown``.
+Tasks send whole columns with ``send_batch`` and return their counts once every future
+resolved, so a successful result means the broker acknowledged every record; a failed
+send fails the task with the typed shmprod error.
+
+Tasks are acknowledged late and rejected when their child dies (``task_acks_late``,
+``task_reject_on_worker_lost``): a task interrupted by a crash runs again, so delivery
+is at-least-once, as for a Spark task; the producer's idempotence removes duplicates of
+its own retries, not of a task that runs twice.
+
+Configuration (environment): ``SHMPROD_BOOTSTRAP`` (the worker's brokers, required),
+``SHMPROD_PRODUCER_OPTIONS`` (JSON, e.g. ``{"compression_type": "lz4"}``), and
+``SHMPROD_CELERY_DIR``: a directory for a Celery transport with no server (kombu's
+``filesystem://`` queues and a ``file://`` result backend). Without it, Celery's own
+settings (``CELERY_BROKER_URL``, ``CELERY_RESULT_BACKEND``) apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from celery import Celery, signals
+
+from shmprod import BatchFuture, Handle, Producer, attach
+from shmprod.errors import ProducerClosedError
+from shmprod.worker import Worker
+from workers.pool_exporter import as_binary, as_epoch_ms
+
+app = Celery("shmprod_export")
+app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    result_expires=None,
+)
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def configure(celery_app: Celery, data_dir: str | os.PathLike[str]) -> None:
+    """Points ``celery_app`` at a server-less transport in ``data_dir``: queues as files
+    (kombu ``filesystem://``) and results as files (``file://``). The worker and every
+    client must use the same directory."""
+    root = Path(data_dir).absolute()
+    folders = {name: root / name for name in ("queue", "processed", "control", "results")}
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    celery_app.conf.update(
+        broker_url="filesystem://",
+        broker_transport_options={
+            "data_folder_in": str(folders["queue"]),
+            "data_folder_out": str(folders["queue"]),
+            "processed_folder": str(folders["processed"]),
+            "control_folder": str(folders["control"]),
+            "store_processed": False,
+            "polling_interval": 0.1,
+        },
+        result_backend=f"file://{folders['results']}",
+    )
+
+
+if os.environ.get("SHMPROD_CELERY_DIR"):
+    configure(app, os.environ["SHMPROD_CELERY_DIR"])
+
+
+# ----------------------------------------------------------------------------------
+# the producer: created in the main worker process, attached in each pool child
+# ----------------------------------------------------------------------------------
+
+_producer: Producer | None = None
+_producer_pid = 0
+_handle: Handle | None = None
+_worker: Worker | None = None
+_worker_pid = 0
+
+
+@signals.worker_init.connect
+def start_producer(**_: Any) -> None:
+    """Runs in: the main worker process, before the pool starts."""
+    global _producer, _producer_pid, _handle
+    bootstrap = os.environ.get("SHMPROD_BOOTSTRAP")
+    if not bootstrap:
+        raise RuntimeError("set SHMPROD_BOOTSTRAP to the Kafka brokers (host:port[,host:port])")
+    options = json.loads(os.environ.get("SHMPROD_PRODUCER_OPTIONS") or "{}")
+    _producer = Producer(bootstrap_servers=bootstrap, **options)
+    _producer_pid = os.getpid()
+    _handle = _producer.handle
+
+
+@signals.worker_process_init.connect
+def attach_child(**_: Any) -> None:
+    """Runs in: each pool child, right after it started (forked from the main process,
+    which holds the handle)."""
+    global _worker, _worker_pid
+    if _handle is not None:
+        _worker = attach(_handle)
+        _worker_pid = os.getpid()
+
+
+@signals.worker_process_shutdown.connect
+def detach_child(**_: Any) -> None:
+    """Runs in: a pool child that exits; flushes what it sent (bounded) and detaches."""
+    global _worker
+    if _worker is not None and _worker_pid == os.getpid():
+        _worker.close(timeout=30)
+        _worker = None
+
+
+@signals.worker_shutdown.connect
+def close_producer(**_: Any) -> None:
+    """Runs in: the main worker process, after the pool stopped."""
+    global _producer
+    if _producer is not None and _producer_pid == os.getpid():
+        _producer.close(timeout=30)
+        _producer = None
+
+
+def sender() -> Producer | Worker:
+    """This process's way to the producer: the child's attachment (made now if the pool
+    did not send ``worker_process_init``), or the producer itself in the main process
+    (``--pool solo``)."""
+    global _worker, _worker_pid
+    pid = os.getpid()
+    if _worker is not None and _worker_pid == pid:
+        return _worker
+    if _producer is not None and _producer_pid == pid:
+        return _producer
+    if _handle is None:
+        raise ProducerClosedError(
+            "no shmprod producer in this worker: start it with "
+            "`celery -A workers.celery_app worker` and SHMPROD_BOOTSTRAP set"
+        )
+    _worker = attach(_handle)
+    _worker_pid = pid
+    return _worker
+
+
+def _resolve(futures: list[BatchFuture], timeout_s: float) -> dict[str, Any]:
+    """Waits for every future (raising the first typed error) and counts records per
+    partition."""
+    counts: Counter[int] = Counter()
+    records = 0
+    for fut in futures:
+        md = fut.result(timeout=timeout_s)
+        records += len(md.offsets)
+        per = np.bincount(md.partitions)
+        for p in np.flatnonzero(per):
+            counts[int(p)] += int(per[p])
+    return {
+        "records": records,
+        "partitions": {str(p): n for p, n in sorted(counts.items())},
+        "pid": os.getpid(),
+    }
+
+
+def _timestamps(ts: list[Any]) -> np.ndarray[Any, Any] | None:
+    """Epoch ms per row (a missing one is now), or None when no row has one."""
+    if all(t is None for t in ts):
+        return None
+    now_ms = time.time_ns() // 1_000_000
+    return np.asarray([now_ms if t is None else int(t) for t in ts], dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------
+# tasks
+# ----------------------------------------------------------------------------------
+
+
+@app.task(name="shmprod.export_rows")
+def export_rows(
+    topic: str, rows: list[dict[str, Any]], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, Any]:
+    """Sends ``rows`` (dicts with ``value`` and optional ``key``, ``timestamp_ms``,
+    ``partition``; strings are sent as UTF-8) with one ``send_batch``; returns the
+    counts once the broker acknowledged every record."""
+    values = pa.array([r.get("value") for r in rows], pa.string())
+    keys = pa.array([r.get("key") for r in rows], pa.string())
+    ts = [r.get("timestamp_ms") for r in rows]
+    parts = [r.get("partition") for r in rows]
+    if any(p is not None for p in parts) and any(p is None for p in parts):
+        raise ValueError("give every row a partition, or none")
+    fut = sender().send_batch(
+        topic,
+        values,
+        keys=keys if keys.null_count < len(keys) else None,
+        timestamps_ms=_timestamps(ts),
+        partitions=np.asarray(parts, dtype=np.int64) if parts and parts[0] is not None else None,
+    )
+    return _resolve([fut], timeout_s)
+
+
+@app.task(name="shmprod.export_parquet")
+def export_parquet(
+    path: str,
+    topic: str,
+    value_column: str,
+    key_column: str | None = None,
+    timestamp_column: str | None = None,
+    row_groups: list[int] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Sends the Parquet file at ``path`` (or only its ``row_groups``), one
+    ``send_batch`` per row group: key/value as binary (strings UTF-8, numbers as text),
+    the timestamp column as epoch ms. Returns the counts once every record is
+    acknowledged."""
+    w = sender()
+    pf = pq.ParquetFile(path)
+    columns = [c for c in (value_column, key_column, timestamp_column) if c]
+    futures = []
+    for group in row_groups if row_groups is not None else range(pf.num_row_groups):
+        table = pf.read_row_group(group, columns=columns)
+        futures.append(
+            w.send_batch(
+                topic,
+                as_binary(table[value_column]),
+                keys=as_binary(table[key_column]) if key_column else None,
+                timestamps_ms=as_epoch_ms(table[timestamp_column]) if timestamp_column else None,
+            )
+        )
+    return _resolve(futures, timeout_s)
+
+
+@app.task(name="shmprod.producer_stats")
+def producer_stats() -> dict[str, Any]:
+    """The shared producer's counters (sender, pool), read from shared memory, and the
+    name of its segment."""
+    stats = sender().stats()
+    segment = _handle.segment if _handle is not None else None
+    return {"sender": stats["sender"], "pool": stats["pool"], "segment": segment}

@@ -6,6 +6,8 @@ retriable, so it can cross a process boundary as ``(code, retriable, message)``.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ShmprodError(Exception):
     """Base of every error shmprod raises on purpose."""
@@ -48,10 +50,20 @@ class KafkaError(ShmprodError):
         self.code = code
         self.name = error_name(code)
         self.retriable = is_retriable(code) if retriable is None else retriable
+        self.message = message
         text = f"[{code}] {self.name}"
         if message:
             text += f": {message}"
         super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as (code, message, retriable): it crosses processes intact (Celery
+        results, multiprocessing pools)."""
+        return (_kafka_error, (self.code, self.message, self.retriable))
+
+
+def _kafka_error(code: int, message: str, retriable: bool) -> KafkaError:
+    return KafkaError(code, message, retriable=retriable)
 
 
 # ---------------------------------------------------------------------------

@@ -33,6 +33,13 @@ pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
 PASSWORD = "pw-Zq81-not-anywhere"
 USERS = {"alice": PASSWORD}
+# alice over SASL_PLAINTEXT with SCRAM-SHA-256
+ALICE_SCRAM: dict[str, Any] = {
+    "security_protocol": "SASL_PLAINTEXT",
+    "sasl_mechanism": "SCRAM-SHA-256",
+    "sasl_plain_username": "alice",
+    "sasl_plain_password": PASSWORD,
+}
 FAIL_FAST_S = 10.0  # a refusal must reach the caller well within this
 
 
@@ -191,14 +198,7 @@ def test_refusal_after_start_fails_pending_and_later_sends(topic_name: str) -> N
     users = dict(USERS)
     with secured(users=users) as (broker, proxy):
         broker.create_topic(topic_name)
-        with Producer(
-            broker.bootstrap,
-            security_protocol="SASL_PLAINTEXT",
-            sasl_mechanism="SCRAM-SHA-256",
-            sasl_plain_username="alice",
-            sasl_plain_password=PASSWORD,
-            retry_backoff_ms=10,
-        ) as p:
+        with Producer(broker.bootstrap, retry_backoff_ms=10, **ALICE_SCRAM) as p:
             assert p.send(topic_name, b"before").result(30).offset == 0
             users["alice"] = "rotated"
             proxy.drop_connections()
@@ -384,13 +384,7 @@ def test_password_appears_nowhere(
     secret = PASSWORD.encode()
     with secured(users=USERS) as (broker, _):
         broker.create_topic(topic_name)
-        with Producer(
-            broker.bootstrap,
-            security_protocol="SASL_PLAINTEXT",
-            sasl_mechanism="SCRAM-SHA-256",
-            sasl_plain_username="alice",
-            sasl_plain_password=PASSWORD,
-        ) as p:
+        with Producer(broker.bootstrap, **ALICE_SCRAM) as p:
             p.send(topic_name, b"value").result(30)
             pid = p.sender_pid
             with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -154,6 +154,8 @@ class SecurityProxy:
     def stop(self) -> None:
         self._stopping.set()
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() below (Linux)
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             socks = list(self._sockets)

@@ -21,7 +21,7 @@ from shmprod import ipc
 from shmprod import layout as L
 from shmprod.broker import EmbeddedBroker, free_port
 from shmprod.connection import BrokerConnection
-from shmprod.errors import DeliveryTimeoutError
+from shmprod.errors import CorruptBatchError, DeliveryTimeoutError
 from shmprod.protocol.records import decode_batches
 
 pytestmark = pytest.mark.broker
@@ -225,6 +225,41 @@ def test_delivery_time_counts_from_when_the_worker_opened_the_batch(topic_name: 
         elapsed = time.monotonic() - started
         assert d.error == DeliveryTimeoutError.code and d.retriable, d
         assert 0.9 < elapsed < 4, elapsed
+
+
+def test_a_queued_batch_scribbled_over_fails_alone_without_idempotence(topic_name: str) -> None:
+    """Bytes changed after the sender checked and queued a batch are caught right before
+    its send (a recomputed CRC must not bless them), with idempotence off too."""
+    options = {
+        "request_timeout_ms": 300,
+        "delivery_timeout_ms": 5_000,
+        "linger_ms": 0,
+        "enable_idempotence": False,
+        "max_in_flight_requests_per_connection": 1,
+    }
+    with faulty("hold", **options) as (broker, _proxy, _owner, w):
+        broker.create_topic(topic_name, 1)
+        base, _ = w.topic(topic_name)
+        first = w.alloc().buffers[0]  # in flight, never answered, late: it fails first
+        first_len = w.write(first, values("held", 1))
+        born = time.monotonic_ns() - 4_500_000_000
+        L.U64.pack_into(w.view, w.geo.descriptor(first) + L.D_CREATED_NS, born)
+        held, first_msg = w.sealed(first, base, first_len, 1)
+        w.send(first_msg)
+        buf = w.alloc().buffers[0]
+        length = w.write(buf, values("queued", 2))
+        bid, msg = w.sealed(buf, base, length, 2)
+        w.send(msg)
+        owner_at = w.geo.descriptor(buf) + L.D_OWNER
+        deadline = time.monotonic() + WAIT
+        while L.I32.unpack_from(w.view, owner_at)[0] != -1:  # the sender took it over
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        at = w.geo.buffer(buf) + length - 3
+        w.view[at] ^= 0xFF  # a buggy process, after the check at hand-over
+        d = w.done(bid)
+        assert d.error == CorruptBatchError.code and "changed after sealing" in d.message, d
+        assert w.done(held).error == DeliveryTimeoutError.code
 
 
 def test_unanswered_request_times_out_then_delivery_times_out(topic_name: str) -> None:

@@ -1105,6 +1105,8 @@ class Sender:
         one ProduceRequest and writes it."""
         ident = self.identity
         batches = [b for b in batches if self._still_intact(b)]
+        if not batches:
+            return
         if ident.enabled:
             ok: list[Batch] = []
             for batch in batches:

@@ -9,6 +9,9 @@ common start (every producer already connected) until every record is acknowledg
 - ``confluent-kafka``: one ``confluent_kafka.Producer`` per worker, ``produce()`` per record.
 
 Same guarantees for all: acks=all, idempotence on, no compression, linger 5 ms.
+Every configuration runs ``--repeat`` times (3; the kinds interleaved, so drift of the
+machine hits them alike) and the median is reported with the lowest and highest run:
+single runs on two shared cores vary by tens of percent.
 Results: ``bench/results/e2e.json`` and ``.md`` (``--quick``: ``e2e-quick.*``).
 Run alone: the machine has two cores and every worker competes with the broker.
 """
@@ -149,24 +152,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="20k records per worker")
     parser.add_argument("--per-worker", type=int, default=None)
     parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per row (3; quick: 1)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    repeat = args.repeat or (1 if args.quick else 3)
     per_worker = args.per_worker or (20_000 if args.quick else 300_000)
     counts = [int(x) for x in args.workers.split(",")]
     kinds = ["confluent-kafka", "shmprod send", "shmprod send_batch"]
     rows: list[dict[str, Any]] = []
     for workers in counts:
-        rates = {}
-        for kind in kinds:
-            rate = measure(kind, workers, per_worker)
-            rates[kind] = rate
-            print(f"{workers} worker(s) {kind:<20} {rate:>12,.0f} records/s", flush=True)
+        runs: dict[str, list[float]] = {kind: [] for kind in kinds}
+        for _ in range(repeat):
+            for kind in kinds:
+                rate = measure(kind, workers, per_worker)
+                runs[kind].append(rate)
+                print(f"{workers} worker(s) {kind:<20} {rate:>12,.0f} records/s", flush=True)
+        rates = {kind: float(np.median(r)) for kind, r in runs.items()}
         for kind in kinds:
             rows.append(
                 {
                     "workers": workers,
                     "kind": kind,
                     "records_per_s": round(rates[kind]),
+                    "low": round(min(runs[kind])),
+                    "high": round(max(runs[kind])),
                     "vs_confluent": round(rates[kind] / rates["confluent-kafka"], 2),
                 }
             )
@@ -181,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "repeat": repeat,
     }
     with open(out, "w", encoding="utf-8") as fh:
         json.dump({"meta": meta, "rows": rows}, fh, indent=2)
@@ -190,12 +200,15 @@ def main(argv: list[str] | None = None) -> int:
             f"# End-to-end throughput\n\n`python bench/e2e.py{' --quick' if args.quick else ''}`: "
             f"{per_worker:,} records of {VALUE_SIZE} B (16 B keys) per worker, {PARTITIONS} "
             f"partitions, acks=all, idempotence on, no compression, a fresh tansu broker per "
-            f"row; {meta['cpus']} cores shared by workers, sender and broker.\n\n"
-            "| workers | producer | records/s | vs confluent-kafka |\n|---:|---|---:|---:|\n"
+            f"run; {meta['cpus']} cores shared by workers, sender and broker. Median of "
+            f"{repeat} run(s) per row, the kinds interleaved; low-high is the spread.\n\n"
+            "| workers | producer | records/s (median) | low - high | vs confluent-kafka |\n"
+            "|---:|---|---:|---:|---:|\n"
         )
         for r in rows:
             fh.write(
-                f"| {r['workers']} | {r['kind']} | {r['records_per_s']:,} | {r['vs_confluent']} |\n"
+                f"| {r['workers']} | {r['kind']} | {r['records_per_s']:,} | "
+                f"{r['low']:,} - {r['high']:,} | {r['vs_confluent']} |\n"
             )
     print(f"results: {out} and {md}")
     return 0

@@ -1,8 +1,9 @@
 """End-to-end throughput: shmprod (one shared producer) vs confluent-kafka (one per process).
 
-For 1, 2 and 4 worker processes, each sending the same records (100-byte values, 16-byte
-keys) to a 12-partition topic on a fresh embedded broker, measures records/s from a
-common start (every producer already connected) until every record is acknowledged:
+For 1, 2 and 4 worker processes sharing one run's records (1.2 M of them, 100-byte
+values, 16-byte keys) to a 12-partition topic on a fresh embedded broker, measures
+records/s from a common start (every producer already connected) until every record is
+acknowledged:
 
 - ``shmprod send``: one ``send()`` per record, through a handle attached in each worker;
 - ``shmprod send_batch``: the same records as Arrow columns, ``send_batch`` per chunk;
@@ -149,18 +150,25 @@ def measure(kind: str, workers: int, per_worker: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20k records per worker")
-    parser.add_argument("--per-worker", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="80k records per run")
+    parser.add_argument(
+        "--total",
+        type=int,
+        default=None,
+        help="records per run, split over the workers (1.2M: long enough for a steady "
+        "rate, small enough for tansu's in-memory store)",
+    )
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--repeat", type=int, default=None, help="runs per row (3; quick: 1)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
-    per_worker = args.per_worker or (20_000 if args.quick else 300_000)
+    total = args.total or (80_000 if args.quick else 1_200_000)
     counts = [int(x) for x in args.workers.split(",")]
     kinds = ["confluent-kafka", "shmprod send", "shmprod send_batch"]
     rows: list[dict[str, Any]] = []
     for workers in counts:
+        per_worker = total // workers
         runs: dict[str, list[float]] = {kind: [] for kind in kinds}
         for _ in range(repeat):
             for kind in kinds:
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     os.makedirs(os.path.dirname(out), exist_ok=True)
     meta = {
-        "per_worker": per_worker,
+        "records_per_run": total,
         "value_size": VALUE_SIZE,
         "partitions": PARTITIONS,
         "python": sys.version.split()[0],
@@ -198,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(md, "w", encoding="utf-8") as fh:
         fh.write(
             f"# End-to-end throughput\n\n`python bench/e2e.py{' --quick' if args.quick else ''}`: "
-            f"{per_worker:,} records of {VALUE_SIZE} B (16 B keys) per worker, {PARTITIONS} "
+            f"{total:,} records of {VALUE_SIZE} B (16 B keys) per run, split over the "
+            f"workers, {PARTITIONS} "
             f"partitions, acks=all, idempotence on, no compression, a fresh tansu broker per "
             f"run; {meta['cpus']} cores shared by workers, sender and broker. Median of "
             f"{repeat} run(s) per row, the kinds interleaved; low-high is the spread.\n\n"

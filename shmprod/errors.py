@@ -169,6 +169,14 @@ class SslAuthenticationError(AuthenticationError):
     code = -1014
 
 
+class ProducerHostError(ProducerError):
+    """This process cannot attach to the producer: it runs on another host (shared
+    memory is host-local) or cannot see the producer's segment (another container, or
+    the producer was closed)."""
+
+    code = -1015
+
+
 _BY_CODE: dict[int, type[ProducerError]] = {
     cls.code: cls
     for cls in (
@@ -187,6 +195,7 @@ _BY_CODE: dict[int, type[ProducerError]] = {
         FlushTimeoutError,
         AuthenticationError,
         SslAuthenticationError,
+        ProducerHostError,
     )
 }
 

@@ -58,7 +58,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shmprod.errors import InvalidRecordError, KafkaError, ProducerError, ShmprodError
+from shmprod.errors import (
+    InvalidRecordError,
+    KafkaError,
+    ProducerError,
+    ProducerHostError,
+    ShmprodError,
+)
 from shmprod.futures import BatchFuture
 from shmprod.handle import Handle
 from shmprod.shm import SharedMemoryError
@@ -95,12 +101,6 @@ _REPORT_DDL: Final = "spark_partition int, attempt int, pid long, kafka_partitio
 _MAX_PENDING: Final = 64  # futures a task keeps before it waits for the oldest
 
 ReportRow = tuple[int, int, int, int, int]
-
-
-class ProducerHostError(ProducerError):
-    """This process cannot attach to the producer: it runs on another host (shared
-    memory is host-local) or cannot see the producer's segment (another container, or
-    the producer was closed)."""
 
 
 _FIX: Final = (

@@ -28,6 +28,7 @@ class Handle:
     key_serializer: Serializer | None = field(default=None, compare=False)
     value_serializer: Serializer | None = field(default=None, compare=False)
     partitioner: Any = field(default=None, compare=False)  # a user callable, if any
+    host: str = ""  # the producer's host name (shared memory is host-local)
 
     def producer_config(self) -> ProducerConfig:
         """The producer's configuration, rebuilt in the attaching process."""

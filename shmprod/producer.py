@@ -163,6 +163,7 @@ class Producer:
             key_serializer=cfg.key_serializer,
             value_serializer=cfg.value_serializer,
             partitioner=None if isinstance(cfg.partitioner, str) else cfg.partitioner,
+            host=socket.gethostname(),
         )
         worker: Worker | None = None
         try:

@@ -437,8 +437,8 @@ def export_dataframe(
     ``method``: ``"arrow"`` (``mapInArrow``, no per-row Python) or ``"rows"``
     (``foreachPartition``, rows to columns in chunks of ``chunk_rows``). ``timeout_s``
     bounds each task's wait for its acknowledgements (default: the producer's
-    ``delivery_timeout_ms`` + 10 s). ``host``: the producer's host name, when a handle
-    made elsewhere is passed (default: this host).
+    ``delivery_timeout_ms`` + 10 s). ``host``: the producer's host name (default: the
+    one the handle records, else this host).
 
     Delivery is at-least-once (a re-run task sends its rows again). A task's failure
     re-raises on the driver as the shmprod error the task raised, Spark's error as its
@@ -454,7 +454,7 @@ def export_dataframe(
         partition_col=partition_col,
         headers=tuple(headers) if headers is not None else None,
         timeout_s=timeout_s,
-        host=host or socket.gethostname(),
+        host=host or handle.host or socket.gethostname(),
     )
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -23,10 +25,12 @@ from shmprod.errors import (
     InvalidRecordError,
     InvalidTopicError,
     ProducerClosedError,
+    ProducerHostError,
     RecordTooLargeError,
     UnknownPartitionError,
 )
 from shmprod.handle import Handle
+from shmprod.shm import SharedMemoryError
 from tests.readback import consume_all
 
 pytestmark = pytest.mark.broker
@@ -271,3 +275,16 @@ def _send_one_to(handle: Handle, topic: str, out: Any) -> None:
         out.put(w.send(topic, b"hello", key=b"k").result(timeout=30).offset)
     finally:
         w.close()
+
+
+def test_attach_elsewhere_names_the_host(broker: EmbeddedBroker) -> None:
+    """A handle carried to another host (a pickled closure, a task message) cannot map
+    the segment there: the error says why, and the handle records the producer's host."""
+    with Producer(bootstrap_servers=broker.bootstrap) as p:
+        assert p.handle.host == socket.gethostname()
+        gone = dataclasses.replace(p.handle, segment="shmprod-not-on-this-host")
+        with pytest.raises(SharedMemoryError, match="does not exist"):
+            attach(gone)  # same host: the producer was closed, as before
+        elsewhere = dataclasses.replace(gone, host="another-host")
+        with pytest.raises(ProducerHostError, match=r"'another-host'.*host-local"):
+            attach(elsewhere)

@@ -44,6 +44,7 @@ from shmprod.errors import (
     InvalidRecordError,
     ProducerClosedError,
     ProducerError,
+    ProducerHostError,
     RecordTooLargeError,
     SenderDiedError,
     ShmprodError,
@@ -57,7 +58,7 @@ from shmprod.partitioner import (
     murmur2,
 )
 from shmprod.protocol.records import HEADER_SIZE, encode_record_into, record_size
-from shmprod.shm import Segment
+from shmprod.shm import Segment, SharedMemoryError
 from shmprod.worker import shmstats
 from shmprod.worker.core import CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
 from shmprod.worker.inputs import (
@@ -151,7 +152,16 @@ class Worker(WorkerCore):
 
     def __init__(self, handle: Handle, *, owner: bool = False) -> None:
         super().__init__(handle.producer_config(), owner)
-        self._seg = Segment.attach(handle.segment)
+        try:
+            self._seg = Segment.attach(handle.segment)
+        except SharedMemoryError as exc:
+            here = socket.gethostname()
+            if handle.host and handle.host != here:
+                raise ProducerHostError(
+                    f"{exc}; the handle was made on host {handle.host!r} and this is "
+                    f"{here!r}: shared memory is host-local, attach on the producer's host"
+                ) from None
+            raise
         try:
             self._view = self._seg.view
             self._geo = L.read_geometry(self._view)

@@ -227,6 +227,30 @@ def test_delivery_time_counts_from_when_the_worker_opened_the_batch(topic_name: 
         assert 0.9 < elapsed < 4, elapsed
 
 
+def test_a_batch_in_flight_at_its_deadline_is_reported_then(topic_name: str) -> None:
+    """KIP-91 as Java: the future fails at the delivery deadline even while the request
+    is in flight (saying it may still be written), not when the request times out."""
+    options = {"request_timeout_ms": 2_000, "delivery_timeout_ms": 2_500, "linger_ms": 0}
+    with faulty("hold", **options) as (broker, _proxy, owner, w):
+        broker.create_topic(topic_name, 1)
+        base, _ = w.topic(topic_name)
+        buf = w.alloc().buffers[0]
+        length = w.write(buf, values("late", 1))
+        born = time.monotonic_ns() - 2_200_000_000  # 300 ms left
+        L.U64.pack_into(w.view, w.geo.descriptor(buf) + L.D_CREATED_NS, born)
+        bid, msg = w.sealed(buf, base, length, 1)
+        started = time.monotonic()
+        w.send(msg)
+        d = w.done(bid)
+        elapsed = time.monotonic() - started
+        assert d.error == DeliveryTimeoutError.code and d.retriable, d
+        assert "may still be written" in d.message, d
+        assert 0.2 < elapsed < 1.5, elapsed  # not the 2 s request timeout
+        w.nothing(ipc.Done, within=2.5)  # the request's end reports nothing more
+        assert owner.stat(L.S_BATCHES_FAILED) == 1
+        assert owner.stat(L.S_BUFFERS_FREE) == owner.geo.n_buffers  # freed once it ended
+
+
 def test_a_queued_batch_scribbled_over_fails_alone_without_idempotence(topic_name: str) -> None:
     """Bytes changed after the sender checked and queued a batch are caught right before
     its send (a recomputed CRC must not bless them), with idempotence off too."""
@@ -275,5 +299,9 @@ def test_unanswered_request_times_out_then_delivery_times_out(topic_name: str) -
         assert "REQUEST_TIMED_OUT" in d.message
         assert 0.6 < elapsed < 5, elapsed
         assert proxy.faults >= 2  # sent, timed out, resent
+        # a batch reported while in flight ends (counted, freed) when its request does
+        deadline = time.monotonic() + WAIT
+        while owner.stat(L.S_BATCHES_FAILED) != 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert owner.stat(L.S_BATCHES_FAILED) == 1
         assert owner.stat(L.S_BUFFERS_FREE) == owner.geo.n_buffers

@@ -50,6 +50,7 @@ class Batch:
     producer_epoch: int = -1
     in_flight: bool = False
     unresolved: bool = False  # sent with its sequence, never answered: fate unknown
+    reported: bool = False  # its outcome went to the worker (early: deadline in flight)
     last_error: int = 0
     data: bytearray | None = None
     group: SplitGroup | None = None

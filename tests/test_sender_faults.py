@@ -206,6 +206,16 @@ def test_lost_answer_is_not_duplicated(topic_name: str) -> None:
         assert [b.base_sequence for b in batches] == [0, 3]
 
 
+def opened_ago(w: FakeWorker, partition_slot: int, value: bytes, ago_s: float) -> ipc.Sealed:
+    """A one-record batch whose DESCRIPTOR says the worker opened it ``ago_s`` ago, as
+    a real worker records it; returns its Sealed message, not yet sent."""
+    buf = w.alloc().buffers[0]
+    length = w.write(buf, [value])
+    opened = time.monotonic_ns() - int(ago_s * 1e9)
+    L.U64.pack_into(w.view, w.geo.descriptor(buf) + L.D_CREATED_NS, opened)
+    return w.sealed(buf, partition_slot, length, 1)[1]
+
+
 def test_delivery_time_counts_from_when_the_worker_opened_the_batch(topic_name: str) -> None:
     """KIP-91: the deadline is the batch's creation + delivery_timeout_ms, not its arrival
     at the sender: a batch opened 5 s before it was sealed has 1 s left of 6."""
@@ -213,15 +223,10 @@ def test_delivery_time_counts_from_when_the_worker_opened_the_batch(topic_name: 
     with faulty("hold", **options) as (broker, _proxy, _owner, w):
         broker.create_topic(topic_name, 1)
         base, _ = w.topic(topic_name)
-        grant = w.alloc()
-        buf = grant.buffers[0]
-        length = w.write(buf, values("old", 1))
-        opened = time.monotonic_ns() - 5_000_000_000
-        L.U64.pack_into(w.view, w.geo.descriptor(buf) + L.D_CREATED_NS, opened)
-        bid, msg = w.sealed(buf, base, length, 1)
+        msg = opened_ago(w, base, b"old", 5.0)
         started = time.monotonic()
         w.send(msg)
-        d = w.done(bid)
+        d = w.done(msg.batch_id)
         elapsed = time.monotonic() - started
         assert d.error == DeliveryTimeoutError.code and d.retriable, d
         assert 0.9 < elapsed < 4, elapsed
@@ -234,14 +239,10 @@ def test_a_batch_in_flight_at_its_deadline_is_reported_then(topic_name: str) -> 
     with faulty("hold", **options) as (broker, _proxy, owner, w):
         broker.create_topic(topic_name, 1)
         base, _ = w.topic(topic_name)
-        buf = w.alloc().buffers[0]
-        length = w.write(buf, values("late", 1))
-        born = time.monotonic_ns() - 2_200_000_000  # 300 ms left
-        L.U64.pack_into(w.view, w.geo.descriptor(buf) + L.D_CREATED_NS, born)
-        bid, msg = w.sealed(buf, base, length, 1)
+        msg = opened_ago(w, base, b"late", 2.2)  # 300 ms left
         started = time.monotonic()
         w.send(msg)
-        d = w.done(bid)
+        d = w.done(msg.batch_id)
         elapsed = time.monotonic() - started
         assert d.error == DeliveryTimeoutError.code and d.retriable, d
         assert "may still be written" in d.message, d
@@ -264,11 +265,8 @@ def test_a_queued_batch_scribbled_over_fails_alone_without_idempotence(topic_nam
     with faulty("hold", **options) as (broker, _proxy, _owner, w):
         broker.create_topic(topic_name, 1)
         base, _ = w.topic(topic_name)
-        first = w.alloc().buffers[0]  # in flight, never answered, late: it fails first
-        first_len = w.write(first, values("held", 1))
-        born = time.monotonic_ns() - 4_500_000_000
-        L.U64.pack_into(w.view, w.geo.descriptor(first) + L.D_CREATED_NS, born)
-        held, first_msg = w.sealed(first, base, first_len, 1)
+        first_msg = opened_ago(w, base, b"held", 4.5)  # in flight, never answered: fails first
+        held = first_msg.batch_id
         w.send(first_msg)
         buf = w.alloc().buffers[0]
         length = w.write(buf, values("queued", 2))

@@ -59,30 +59,28 @@ def decide(
     if code == ec.NONE or (code == ec.DUPLICATE_SEQUENCE_NUMBER and identity.enabled):
         return Decision(Action.SUCCEED, 0)
     reset = False
+    retriable = True
+    special: Decision | None = None  # a retry or split that does not count against retries
     if identity.enabled and code == ec.OUT_OF_ORDER_SEQUENCE_NUMBER:
         reset = identity.is_next_expected(batch)
-        retriable = True
     elif identity.enabled and code == ec.UNKNOWN_PRODUCER_ID:
-        if identity.id_unknown(code, batch):
-            if now_ns >= batch.deadline_ns:
-                return Decision(Action.FAIL, DeliveryTimeoutError.code, retriable=True)
-            return Decision(Action.RETRY, code, retriable=True, reset_producer=True, new_id=True)
         reset = True
-        retriable = True
+        if identity.id_unknown(code, batch):
+            special = Decision(Action.RETRY, code, retriable=True, reset_producer=True, new_id=True)
     elif identity.refuses_bump(code, batch):
-        if now_ns >= batch.deadline_ns:
-            return Decision(Action.FAIL, DeliveryTimeoutError.code, retriable=True)
-        return Decision(Action.RETRY, code, retriable=True, reset_producer=True, refuse_bump=True)
+        special = Decision(
+            Action.RETRY, code, retriable=True, reset_producer=True, refuse_bump=True
+        )
     elif code == ec.MESSAGE_TOO_LARGE and batch.record_count > 1:
-        if now_ns >= batch.deadline_ns:
-            return Decision(Action.FAIL, DeliveryTimeoutError.code, retriable=True)
-        return Decision(Action.SPLIT, code, retriable=True)
+        special = Decision(Action.SPLIT, code, retriable=True)
     else:
         retriable = ec.is_retriable(code)
     if not retriable:
         return Decision(Action.FAIL, code)
     if now_ns >= batch.deadline_ns:
         return Decision(Action.FAIL, DeliveryTimeoutError.code, retriable=True)
+    if special is not None:
+        return special
     if batch.attempts >= retries:
         return Decision(Action.FAIL, code, retriable=True)
     return Decision(

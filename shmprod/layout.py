@@ -37,6 +37,11 @@ it until the batch completes and the buffer is free again. A socket message (a s
 call, so a full memory barrier) separates every change of owner. Counters in STATS,
 WORKERS and PARTITIONS have one writer each; readers (``stats()``) may see a value one
 update old, never a torn one on 64-bit platforms (aligned 8-byte fields).
+
+A topic's partitions are a contiguous range of PARTITION slots (``base + partition``).
+When a topic gains partitions it gets a new, larger range; each slot's ``P_HOME`` names
+the slot that holds that partition for good (its first slot: the queue, the sequences
+and the counters of a topic-partition live in one slot only). Readers follow ``P_HOME``.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from dataclasses import dataclass
 from typing import Final
 
 MAGIC: Final = b"SHMPROD\x01"
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
 CACHE_LINE: Final = 64
 PAGE: Final = 4096
 
@@ -166,6 +171,7 @@ P_LAST_ERROR: Final = 12  # i32
 P_BATCHES_SENT: Final = 16  # u64
 P_RECORDS_SENT: Final = 24  # u64
 P_BYTES_SENT: Final = 32  # u64
+P_HOME: Final = 40  # u32: the slot holding this partition's queue, sequences and counters
 PARTITION_SLOT_SIZE: Final = CACHE_LINE
 
 # ---------------------------------------------------------------------------

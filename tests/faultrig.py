@@ -579,6 +579,7 @@ class Row:
     hooks: dict[int, HookSpec] = field(default_factory=dict)  # worker -> hook
     late_workers: int = 0  # attach after the fault (a dead worker left no lock behind)
     restart: bool = False  # the broker behind the proxy is the row's own (restarted)
+    setup: Callable[[KafkaProxy, str], None] | None = None  # before the producer starts
     owner_process: bool = False  # the owner is a process of its own (killed)
     note: str = ""
 
@@ -655,6 +656,50 @@ def _proxy_faults() -> list[Row]:
     ]
 
 
+def _partitions_seen(c: RowContext, count: int) -> bool:
+    """Waits (bounded) until the producer's topic table shows ``count`` partitions."""
+    assert c.producer is not None
+    producer = c.producer
+
+    def seen() -> bool:
+        depths = producer.stats()["topics"].get(c.topic, {}).get("queue_depth", [])
+        return len(depths) == count
+
+    return wait_until(seen, 10)
+
+
+def _hide_growth(px: KafkaProxy, topic: str) -> None:
+    px.show_partitions(topic, 2)
+
+
+def _grow(c: RowContext) -> None:
+    """The topic grows from 2 to 6 partitions while the workers send (every node
+    stalled 0.3 s, so batches sealed before and after a worker saw the growth queue up
+    together): the partitions it had keep one queue and one sequence space each."""
+
+    def run() -> None:
+        time.sleep(0.02)
+        for node in range(c.px.nodes):
+            c.px.stall(node, 0.3)
+        c.px.show_partitions(c.topic, None)
+        c.facts["growth_seen"] = _partitions_seen(c, PARTITIONS)
+
+    c.later(run)
+
+
+def _shrink(c: RowContext) -> None:
+    """The topic loses partitions 3-5 (as if created again smaller) while batches for
+    them are queued and in flight (every node stalled 0.5 s first)."""
+    for node in range(c.px.nodes):
+        c.px.stall(node, 0.5)
+    c.px.show_partitions(c.topic, 3)
+
+    def seen() -> None:
+        c.facts["shrink_seen"] = _partitions_seen(c, 3)
+
+    c.later(seen)
+
+
 def _restart(c: RowContext) -> None:
     """tansu keeps topics in memory too: with clients shut out by the proxy, the broker
     restarts on its port and the topic is created again before anyone can ask Metadata
@@ -728,6 +773,22 @@ def rows() -> list[Row]:
     """Every row of the matrix, in table order."""
     return [
         *_proxy_faults(),
+        Row(
+            "topic grows from 2 to 6 partitions",
+            _grow,
+            setup=_hide_growth,
+            records=4_000,
+            options={"metadata_max_age_ms": 200},
+            note="growth",
+        ),
+        Row(
+            "topic shrinks from 6 to 3 partitions (created again smaller)",
+            _shrink,
+            records=3_000,
+            window=12,
+            options={"metadata_max_age_ms": 200},
+            note="shrink",
+        ),
         Row(
             "broker restarted (memory storage: what it stored is gone)",
             _restart,
@@ -825,6 +886,9 @@ def run_row(row: Row, broker: EmbeddedBroker, topic: str) -> Tally:
     t = tally(row.fault, reports, dead, landed, value_size, after)
     t.checks.update(checks)
     t.seconds = time.monotonic() - t0
+    for fact in ("growth_seen", "shrink_seen"):
+        if fact in ctx.facts:
+            t.checks[fact] = bool(ctx.facts[fact])
     scribbled = ctx.facts.get("scribbled")
     if scribbled is not None:
         t.checks["scribbled_some"] = bool(scribbled)
@@ -852,6 +916,9 @@ def _run(
                 raise RuntimeError("the owner process did not start its producer")
             handle, sender_pid = owner_conn.recv()
         else:
+            if row.setup is not None:
+                assert proxy is not None
+                row.setup(proxy, topic)
             producer = Producer(**options)
             handle, sender_pid = producer.handle, producer.sender_pid
         ctx = RowContext(b, topic, proxy, producer, handle, sender_pid, owner)

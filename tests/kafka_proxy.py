@@ -50,6 +50,7 @@ from shmprod.protocol.messages import (
 
 PRODUCE = 0
 METADATA = 3
+UNKNOWN_TOPIC_OR_PARTITION = 3
 MESSAGE_TOO_LARGE = 10
 HOST = "127.0.0.1"
 
@@ -114,6 +115,7 @@ class KafkaProxy:
         self._moves: dict[tuple[str, int], int] = {}
         self._rules: list[_FailRule] = []
         self._max_message_bytes: int | None = None
+        self._visible: dict[str, int] = {}
         self._stalled_until: dict[int, float] = {}
         self._delay_s: dict[int, float] = {}
         self._seen: dict[int, int] = {}
@@ -226,6 +228,17 @@ class KafkaProxy:
         ``max.message.bytes``), forwarding the other partitions; None lifts it."""
         with self._lock:
             self._max_message_bytes = limit
+
+    def show_partitions(self, topic: str, count: int | None) -> None:
+        """``topic`` seems to have only partitions ``0 .. count-1``: Metadata answers list
+        no others and Produce to the others is answered UNKNOWN_TOPIC_OR_PARTITION, as
+        from a topic with fewer partitions. It grows when the count is raised (or lifted
+        with None), it shrinks (a topic created again smaller) when it is lowered."""
+        with self._lock:
+            if count is None:
+                self._visible.pop(topic, None)
+            else:
+                self._visible[topic] = count
 
     def pending_failures(self) -> int:
         with self._lock:
@@ -570,25 +583,25 @@ class KafkaProxy:
         """The (topic, partition, error) to forge and the topic data still to forward."""
         with self._lock:
             limit = self._max_message_bytes
-        if limit is not None:
-            too_big = [
-                (t.name, p.index, MESSAGE_TOO_LARGE)
+            visible = dict(self._visible)
+        refused: list[tuple[str, int, int]] = []
+        for t in req.topic_data:
+            shown = visible.get(t.name)
+            for p in t.partition_data:
+                if shown is not None and p.index >= shown:  # a partition the topic lacks
+                    refused.append((t.name, p.index, UNKNOWN_TOPIC_OR_PARTITION))
+                elif limit is not None and p.records is not None and len(p.records) > limit:
+                    refused.append((t.name, p.index, MESSAGE_TOO_LARGE))
+        if refused:
+            out = {(name, index) for name, index, _ in refused}
+            kept = [
+                TopicProduceData(
+                    name=t.name,
+                    partition_data=[p for p in t.partition_data if (t.name, p.index) not in out],
+                )
                 for t in req.topic_data
-                for p in t.partition_data
-                if p.records is not None and len(p.records) > limit
             ]
-            if too_big:
-                refused = {(name, index) for name, index, _ in too_big}
-                kept = [
-                    TopicProduceData(
-                        name=t.name,
-                        partition_data=[
-                            p for p in t.partition_data if (t.name, p.index) not in refused
-                        ],
-                    )
-                    for t in req.topic_data
-                ]
-                return too_big, [t for t in kept if t.partition_data]
+            return refused, [t for t in kept if t.partition_data]
         touched = {p.index for t in req.topic_data for p in t.partition_data}
         with self._lock:
             rule = next(
@@ -693,7 +706,11 @@ class KafkaProxy:
         with self._lock:
             leaders = dict(self._leaders)
             moves = dict(self._moves)
+            visible = dict(self._visible)
         for topic in resp.topics:
+            shown = visible.get(topic.name or "")
+            if shown is not None:
+                topic.partitions = [p for p in topic.partitions if p.partition_index < shown]
             for part in topic.partitions:
                 key = (topic.name or "", part.partition_index)
                 leader = leaders.get(key, part.partition_index % self.nodes)

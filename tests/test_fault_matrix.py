@@ -63,12 +63,28 @@ def test_fault(row: Row, broker: EmbeddedBroker, topic_name: str) -> None:
         assert set(t.refused) == {"BufferExhaustedError"}, t.refused
         assert not t.failed
         assert t.acked == t.sent and t.acked + sum(t.refused.values()) == total
+    elif row.note == "shrink":  # only batches for the partitions that went away fail
+        assert set(t.failed) <= {"UNKNOWN_TOPIC_OR_PARTITION"}, t.failed
+        assert not t.refused and t.no_outcome == 0 and t.failed_but_written == 0
+        assert t.acked + sum(t.failed.values()) == t.sent == total
     elif "scribble" in row.fault:
         assert t.checks.get("scribbled_some")
         assert set(t.failed) == {"CorruptBatchError"}, t.failed
     else:  # broker and network faults: every record is delivered
         assert not t.failed and not t.refused and t.no_outcome == 0, t.failed_text()
         assert t.acked == t.sent == total
+
+
+def test_growth_without_idempotence(broker: EmbeddedBroker, topic_name: str) -> None:
+    """Without idempotence too, a topic-partition is one queue: a request never carries
+    two batches of one partition (one would overwrite the other), nothing stays in flight."""
+    growth = next(r for r in rows() if r.note == "growth")
+    growth.options = {**growth.options, "enable_idempotence": False}
+    t = run_row(growth, broker, topic_name)
+    assert not [name for name, ok in t.checks.items() if not ok], t.checks
+    _no_harm(t)
+    assert not t.failed and not t.refused and t.no_outcome == 0, t.failed_text()
+    assert t.acked == t.sent == growth.workers * growth.records
 
 
 def test_send_batch_racing_a_dead_sender_fails_its_future(

@@ -39,6 +39,7 @@ from shmprod.producer import spawn_sender
 from shmprod.protocol.records import NewRecord, decode_batches, encode_batch_into
 from shmprod.sender import lifecycle
 from shmprod.shm import Segment
+from tests.kafka_proxy import KafkaProxy
 
 pytestmark = pytest.mark.broker
 
@@ -642,3 +643,71 @@ def test_a_misbehaving_worker_is_contained(broker: EmbeddedBroker, topic_name: s
         assert d.error == 0
         assert owner.stat(L.S_BUFFERS_FREE) == owner.geo.n_buffers
         shutdown(owner, w)
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "plain"])
+def test_growth_keeps_one_queue_per_partition(
+    broker: EmbeddedBroker, proxy: KafkaProxy, topic_name: str, idempotent: bool
+) -> None:
+    """A topic grows: its partitions get slots in a new range, but each topic-partition
+    keeps one queue, one sequence space and one place in a request, whichever slot a
+    batch was sealed under. Batches of partition 0 handed over together under the old and
+    the new slot are sent in order, each written once at its own offset."""
+    broker.create_topic(topic_name, 4)
+    proxy.show_partitions(topic_name, 2)
+    owner = Owner(proxy.bootstrap, metadata_max_age_ms=100, enable_idempotence=idempotent)
+    try:
+        w = FakeWorker(owner, as_owner=True)
+        assert w.expect(ipc.Ready).error == 0
+        old, n = w.topic(topic_name)
+        assert n == 2
+        assert w.done(w.produce(old, values("a", 3))).base_offset == 0
+        proxy.show_partitions(topic_name, None)
+        push = w.expect(ipc.TopicInfo, lambda m: m.request_id == 0 and m.partitions == 4)
+        new = L.U32.unpack_from(owner.view, owner.geo.topic(push.topic_slot) + L.T_PARTITION_BASE)
+        assert new[0] != old
+        grant = w.alloc(count=3)
+        ids, msgs = [], []
+        for buf, slot, prefix in zip(grant.buffers, (new[0], old, new[0]), "bcd", strict=True):
+            bid, msg = w.sealed(buf, slot, w.write(buf, values(prefix, 2)), 2)
+            ids.append(bid)
+            msgs.append(msg)
+        w.send(*msgs)  # one write: the sender has all three before it drains
+        dones = [w.done(bid) for bid in ids]
+        assert [(d.error, d.base_offset) for d in dones] == [(0, 3), (0, 5), (0, 7)], dones
+        shutdown(owner, w)
+        w.close()
+    finally:
+        owner.close()
+    got = consume_all(broker.bootstrap, topic_name, 4, 9, timeout_s=20)
+    expected = values("a", 3) + values("b", 2) + values("c", 2) + values("d", 2)
+    assert [r.value for r in got[0]] == expected
+    assert [r.offset for r in got[0]] == list(range(9))
+
+
+def test_duplicate_sequence_for_a_first_send_fails_loudly(
+    broker: EmbeddedBroker, proxy: KafkaProxy, topic_name: str
+) -> None:
+    """DUPLICATE_SEQUENCE_NUMBER means "written before" only for a batch that WAS sent
+    before with its sequence. For a first send the broker holds another batch under that
+    sequence: calling it success would lose this one without a trace."""
+    from shmprod.protocol import error_codes as ec
+    from tests.kafka_proxy import PRODUCE
+
+    broker.create_topic(topic_name, 1)
+    owner = Owner(proxy.bootstrap)
+    try:
+        w = FakeWorker(owner, as_owner=True)
+        assert w.expect(ipc.Ready).error == 0
+        base, _ = w.topic(topic_name)
+        proxy.fail_next(PRODUCE, ec.DUPLICATE_SEQUENCE_NUMBER)
+        d = w.done(w.produce(base, values("lost?", 3)))
+        assert d.error == ec.DUPLICATE_SEQUENCE_NUMBER and "never sent" in d.message, d
+        after = w.done(w.produce(base, values("next", 2)))  # the producer goes on
+        assert (after.error, after.base_offset) == (0, 0), after
+        shutdown(owner, w)
+        w.close()
+    finally:
+        owner.close()
+    got = consume_all(broker.bootstrap, topic_name, 1, 2, timeout_s=20)
+    assert [r.value for r in got[0]] == values("next", 2)

@@ -234,7 +234,17 @@ def test_policy_decisions() -> None:
     ident.set_identity(9, 0)
     b = batch(0, count=2, deadline_ns=1000)
     assert decide(0, b, ident, retries=5, now_ns=0).action is Action.SUCCEED
+    # DUPLICATE_SEQUENCE_NUMBER is success only for a batch sent before with its sequence
+    b.sends = 2
     assert decide(ec.DUPLICATE_SEQUENCE_NUMBER, b, ident, 5, 0).action is Action.SUCCEED
+    b.sends = 1
+    first = decide(ec.DUPLICATE_SEQUENCE_NUMBER, b, ident, 5, 0)
+    assert (first.action, first.code, first.reset_producer) == (
+        Action.FAIL,
+        ec.DUPLICATE_SEQUENCE_NUMBER,
+        True,
+    )
+    b.sends = 0
     nl = decide(ec.NOT_LEADER_OR_FOLLOWER, b, ident, 5, 0)
     assert nl.action is Action.RETRY and nl.refresh_metadata
     rt = decide(ec.REQUEST_TIMED_OUT, b, ident, 5, 0)
@@ -398,8 +408,38 @@ def test_metadata_growth_gets_a_new_range_and_a_push() -> None:
     assert md.locate(2 + 4) == ("t", 4)
     assert md.locate(1) == ("t", 1)  # the old range stays mapped
     assert L.U64.unpack_from(s.view, L.H_METADATA_EPOCH)[0] == 4
+    # one home per topic-partition: the new range's first two slots are aliases
+    assert [md.home(slot) for slot in range(2 + 5)] == [0, 1, 0, 1, 4, 5, 6]
+    homes = [L.U32.unpack_from(s.view, s.geo.partition(2 + i) + L.P_HOME)[0] for i in range(5)]
+    assert homes == [0, 1, 4, 5, 6]
+    assert not any(md.gone(slot) for slot in range(7))
+
+
+def test_metadata_shrink_marks_partitions_gone_and_growth_brings_them_back() -> None:
+    """A topic created again with fewer partitions: the partitions past the new count
+    are gone (their batches fail); it growing again, within its range or past it, brings
+    them back under their old homes."""
+    s = shared()
+    md = new_metadata(s)
+    md.topic_request(1, 1, "t", 0)
     md.build_request()
-    assert md.on_response(meta_response(t=(0, 3)), 3 * MS) == []  # shrinking is ignored
+    slot = md.on_response(meta_response(t=(0, 4)), MS)[0].info.topic_slot
+    off = s.geo.topic(slot)
+    md.build_request()
+    answers = md.on_response(meta_response(t=(0, 2)), 2 * MS)
+    assert [(a.owner, a.info.request_id, a.info.partitions) for a in answers] == [(None, 0, 2)]
+    assert L.U32.unpack_from(s.view, off + L.T_N_PARTITIONS)[0] == 2
+    assert L.U32.unpack_from(s.view, off + L.T_PARTITION_BASE)[0] == 0  # same range
+    assert [md.gone(i) for i in range(4)] == [False, False, True, True]
+    assert L.U64.unpack_from(s.view, L.H_METADATA_EPOCH)[0] % 2 == 0
+    md.build_request()
+    md.on_response(meta_response(t=(0, 3)), 3 * MS)  # back within the range
+    assert [md.gone(i) for i in range(4)] == [False, False, False, True]
+    md.build_request()
+    md.on_response(meta_response(t=(0, 6)), 4 * MS)  # past it: a new range, old homes kept
+    assert L.U32.unpack_from(s.view, off + L.T_PARTITION_BASE)[0] == 4
+    assert [md.home(4 + i) for i in range(6)] == [0, 1, 2, 3, 8, 9]
+    assert not any(md.gone(i) for i in range(10))
 
 
 def test_metadata_unknown_topics_retry_then_time_out() -> None:

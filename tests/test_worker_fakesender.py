@@ -115,6 +115,7 @@ class FakeSender:
         self.waiting: collections.deque[tuple[_Conn, ipc.Alloc]] = collections.deque()
         self.offsets: dict[int, int] = collections.defaultdict(int)
         self.slots: dict[str, tuple[int, int, int]] = {}  # name -> (topic slot, n, base)
+        self.homes: dict[str, list[int]] = {}  # name -> home slot per partition
         self.next_base = 0
         self.conns: dict[int, _Conn] = {}
         self.byes = 0
@@ -386,6 +387,11 @@ class FakeSender:
     def _write_topic(self, name: str, tslot: int, n: int) -> None:
         base = self.next_base
         self.next_base += n
+        homes = self.homes.setdefault(name, [])
+        for i in range(n):  # a partition keeps its first slot as its home (growth)
+            if i == len(homes):
+                homes.append(base + i)
+            L.U32.pack_into(self.view, self.geo.partition(base + i) + L.P_HOME, homes[i])
         off = self.geo.topic(tslot)
         raw = name.encode()
         epoch = L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0]
@@ -415,9 +421,9 @@ class FakeSender:
         self._queue(c, ipc.TopicInfo(msg.request_id, tslot, n, 0, msg.name))
 
     def _where(self, pslot: int) -> tuple[str, int]:
-        for name, (_, n, base) in self.slots.items():
-            if base <= pslot < base + n:
-                return name, pslot - base
+        for name, homes in self.homes.items():
+            if pslot in homes:
+                return name, homes.index(pslot)
         return "?", pslot
 
     def _sealed(self, c: _Conn, msg: ipc.Sealed) -> None:

@@ -289,6 +289,30 @@ def test_partition_count_change_is_picked_up() -> None:
         assert fake.landed[-1].partition == 3
 
 
+def test_growth_keeps_appending_to_the_partitions_open_batch() -> None:
+    """After a topic grows, a partition it had keeps its home slot: this process goes on
+    appending to the batch it had open (one batch, in order), never a second one under
+    the new range's slot (the sender would see two queues for one partition)."""
+    with FakeSender(topics={"events": 2}, linger_ms=60_000) as fake, attach(fake.handle) as w:
+        first = w.send("events", b"before", partition=1)
+        fake.set_partitions("events", 4)
+        deadline = time.monotonic() + 5
+        while True:  # bounded: the push arrives within milliseconds
+            try:
+                w.send("events", b"new", partition=3)
+                break
+            except UnknownPartitionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        second = w.send("events", b"after", partition=1)
+        assert len(w._open) == 2  # partitions 1 and 3: the same open batch for partition 1
+        w.flush(5)
+        assert first.result(5).partition == second.result(5).partition == 1
+        ones = [b for b in fake.landed if b.partition == 1]
+        assert len(ones) == 1
+        assert [r.value for r in ones[0].records] == [b"before", b"after"]
+
+
 def test_callbacks_run_in_the_io_thread(fake: FakeSender, w: Worker) -> None:
     names: list[str] = []
     done = threading.Event()

@@ -82,6 +82,15 @@ class Accumulator:
         self._mirror(slot, len(q))
         return batch
 
+    def remove_slot(self, slot: int) -> list[Batch]:
+        """Removes and returns every batch queued for one partition slot."""
+        q = self._queues.pop(slot, None)
+        if not q:
+            return []
+        self._count -= len(q)
+        self._mirror(slot, 0)
+        return list(q)
+
     def expire(self, now_ns: int) -> list[Batch]:
         """Removes and returns every queued batch whose delivery deadline has passed."""
         expired: list[Batch] = []

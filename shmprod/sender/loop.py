@@ -528,6 +528,9 @@ class Sender:
             return
         self.shared.add(L.S_BATCHES_RECEIVED, 1)
         problem = self._check_sealed(msg)
+        # One queue, one sequence space and one in-flight count per topic-partition: a
+        # slot of a range made by growth is an alias of the partition's home slot
+        home = self.metadata.home(msg.partition_slot)
         self._arrival += 1
         # KIP-91: a batch's delivery time counts from when the worker opened it. Not
         # recorded (0) or in the future (a scribbled descriptor): from now.
@@ -536,7 +539,7 @@ class Sender:
         batch = Batch(
             buffer=msg.buffer,
             run=msg.run,
-            partition_slot=msg.partition_slot,
+            partition_slot=msg.partition_slot if home is None else home,
             batch_id=msg.batch_id,
             length=msg.length,
             record_count=msg.record_count,
@@ -549,10 +552,13 @@ class Sender:
             log.warning("%r sealed a corrupt batch: %s", conn, problem)
             self._finish(batch, CorruptBatchError.code, message=problem)
             return
+        if self.metadata.gone(batch.partition_slot):
+            self._finish_gone(batch)
+            return
         self.shared.describe_batch(
             msg.buffer,
             L.BUF_SEALED,
-            msg.partition_slot,
+            batch.partition_slot,
             msg.batch_id,
             msg.length,
             msg.record_count,
@@ -670,12 +676,33 @@ class Sender:
     def _last_error(batch: Batch) -> str:
         return f" (last error {ec.error_name(batch.last_error)})" if batch.last_error else ""
 
+    def _fail_gone_partitions(self) -> None:
+        """Fails the queued batches of partitions a topic no longer has (it was created
+        again with fewer): retrying them could only end in their delivery timeout."""
+        for slot in [s for s in self.acc.ready_slots() if self.metadata.gone(s)]:
+            for batch in self.acc.remove_slot(slot):
+                self._finish_gone(batch)
+
+    def _finish_gone(self, batch: Batch) -> None:
+        """Fails ``batch``: its partition is gone. A sequence it carried is now a gap."""
+        if batch.sequence != NO_SEQUENCE and self.identity.is_current(batch):
+            self.identity.request_reset()
+        self._finish(
+            batch,
+            ec.UNKNOWN_TOPIC_OR_PARTITION,
+            retriable=True,
+            message=f"{self._where(batch)} no longer exists (the topic has fewer partitions now)",
+        )
+
     def _on_batch_answer(self, ans: BatchAnswer, now: int) -> None:
         batch = ans.batch
         code = ans.code
         if code:
             self.shared.add(L.S_ERRORS, 1)
             batch.last_error = code
+            if self.metadata.gone(batch.partition_slot):
+                self._finish_gone(batch)
+                return
         d = decide(code, batch, self.identity, self.cfg.retries, now)
         if d.action is Action.SUCCEED:
             self._resets_in_a_row = 0
@@ -707,7 +734,19 @@ class Sender:
         if batch.sequence != NO_SEQUENCE:
             self.identity.request_reset()  # its sequence is now a gap
         detail = f"{ec.error_name(code)}: {ans.message}" if ans.message else ec.error_name(code)
+        if code == ec.DUPLICATE_SEQUENCE_NUMBER:
+            detail = (
+                f"the broker already holds sequence {batch.sequence} of "
+                f"{self._where(batch)} from producer id {batch.producer_id} epoch "
+                f"{batch.producer_epoch}, but this batch was never sent with it before: "
+                "not written (the producer resets its sequences)"
+            )
+            log.error("%s", detail)
         self._finish(batch, d.code, retriable=d.retriable, message=detail)
+
+    def _where(self, batch: Batch) -> str:
+        where = self.metadata.locate(batch.partition_slot)
+        return f"partition {where[1]} of topic {where[0]!r}" if where else "its partition"
 
     def _split(self, batch: Batch, now: int) -> None:
         """The broker refused ``batch`` as too large: re-encode its records as two
@@ -977,6 +1016,7 @@ class Sender:
         elif ctx is _METADATA:
             assert isinstance(resp, MetadataResponse)
             self._send_topic_answers(self.metadata.on_response(resp, now))
+            self._fail_gone_partitions()
             self._adopt_bootstrap_connections()
         elif ctx is _PRODUCER_ID:
             assert isinstance(resp, InitProducerIdResponse)
@@ -1166,6 +1206,7 @@ class Sender:
             for batch in batches:
                 try:
                     if ident.assign(batch):
+                        batch.sends = 0  # a new sequence: never sent with it yet
                         records.patch_producer_state(
                             self.view if batch.data is None else batch.data,
                             self.geo.buffer(batch.buffer) if batch.data is None else 0,
@@ -1202,6 +1243,7 @@ class Sender:
             return
         for batch in batches:
             batch.in_flight = True
+            batch.sends += 1
             self._flying.add(batch)
             batch.unresolved = ident.enabled
             slot = batch.partition_slot

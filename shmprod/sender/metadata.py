@@ -17,12 +17,20 @@ The topic table (written only here, read by workers):
   (``partition_slot = base + partition``). Publication order: every PARTITION slot of
   the range (leader), then the TOPIC slot (name, base, count, error, state), then
   H_METADATA_EPOCH is bumped, then TopicInfo is sent.
-- A partition count increase gets a NEW contiguous range (the old one stays mapped for
-  batches already sealed against it and keeps its leaders current). The TOPIC slot is
-  rewritten base first, then count, so a concurrent reader sees (old base, old count),
-  (new base, old count) or (new base, new count): all valid. The epoch is bumped and
-  ``TopicInfo(request_id=0, ...)`` is pushed to every worker. A smaller count (never
-  legal in Kafka) is ignored.
+- A topic-partition has ONE home slot for good: its queue, in-flight count, sequences
+  and counters live there, whatever range a worker found it through. A partition count
+  increase gets a NEW contiguous range (workers need ``base + partition``); the slots of
+  the partitions that existed before are aliases: their ``P_HOME`` names the old slot,
+  and the sender maps every sealed batch to its home (:meth:`Metadata.home`). The new
+  range's PARTITION slots are written first, then the TOPIC slot (base first, then
+  count), so a concurrent reader sees (old base, old count), (new base, old count) or
+  (new base, new count): all valid. The epoch is bumped and ``TopicInfo(request_id=0,
+  ...)`` is pushed to every worker.
+- A smaller count (a topic deleted and created again with fewer partitions): the TOPIC
+  slot keeps its range with the smaller count, and the partitions beyond it are *gone*
+  (:meth:`Metadata.gone`): batches for them fail with UNKNOWN_TOPIC_OR_PARTITION instead
+  of being retried until their delivery timeout. A later increase within the range
+  brings them back; beyond it, a new range as above.
 - Slots are never reused: a full table answers the worker ProducerError's code (-1000).
 
 Refreshes: every ``metadata_max_age_ms``; on demand (a partition without a leader, or a
@@ -31,6 +39,7 @@ produce error that calls for it), at most once per ``retry_backoff_ms``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -48,6 +57,8 @@ from shmprod.sender.policy import backoff_ns
 from shmprod.sender.shmstate import SharedState
 
 MS = 1_000_000
+
+log = logging.getLogger("shmprod.sender")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +82,8 @@ class _Topic:
     slot: int = -1
     n_partitions: int = 0
     base: int = -1
+    width: int = 0  # slots in the current range (n_partitions after a shrink is smaller)
+    homes: list[int] = field(default_factory=list)  # partition -> its home slot
     ranges: list[tuple[int, int]] = field(default_factory=list)  # every (base, count) used
     waiters: list[_Waiter] = field(default_factory=list)
     attempts: int = 0  # consecutive answers that left it unknown
@@ -102,6 +115,8 @@ class Metadata:
         self._topics: dict[str, _Topic] = {}
         self._leaders: dict[int, int] = {}  # partition slot -> node id (-1 unknown)
         self._where: dict[int, tuple[str, int]] = {}  # partition slot -> (topic, partition)
+        self._home: dict[int, int] = {}  # partition slot -> home slot of its partition
+        self._gone: set[int] = set()  # home slots of partitions the topic no longer has
         self._next_topic_slot = 0
         self._next_partition_slot = 0
         self.in_flight = False
@@ -121,6 +136,16 @@ class Metadata:
     def locate(self, partition_slot: int) -> tuple[str, int] | None:
         """(topic, partition) of a PARTITION slot, None if no topic owns it."""
         return self._where.get(partition_slot)
+
+    def home(self, partition_slot: int) -> int | None:
+        """The home slot of the topic-partition a PARTITION slot names (itself, or the
+        partition's first slot when the slot belongs to a range made by growth); None if
+        no topic owns the slot."""
+        return self._home.get(partition_slot)
+
+    def gone(self, home_slot: int) -> bool:
+        """Whether the topic no longer has this partition (it shrank: recreated)."""
+        return home_slot in self._gone
 
     def address(self, node_id: int) -> tuple[str, int] | None:
         return self.nodes.get(node_id)
@@ -277,9 +302,13 @@ class Metadata:
         count = max(leaders) + 1 if leaders else 0
         if count == 0:
             return False
-        if topic.ready and count <= topic.n_partitions:
+        if topic.ready and count == topic.n_partitions:
             self._set_leaders(topic, leaders)
             return False
+        if topic.ready and count <= topic.width:
+            self._resize(topic, count, out)  # shrank, or grew back within its range
+            self._set_leaders(topic, leaders)
+            return True
         base = self._next_partition_slot
         if base + count > self._shared.geo.max_partitions or (
             not topic.ready and self._next_topic_slot >= self._shared.geo.max_topics
@@ -292,14 +321,22 @@ class Metadata:
         self._next_partition_slot += count
         for i in range(count):
             slot = base + i
+            if i == len(topic.homes):
+                topic.homes.append(slot)
+            home = topic.homes[i]
             self._where[slot] = (topic.name, i)
+            self._home[slot] = home
+            self._gone.discard(home)
             self._leaders[slot] = leaders.get(i, -1)
-            self._shared.init_partition(slot, leaders.get(i, -1))
+            self._shared.init_partition(slot, leaders.get(i, -1), home)
+        for i in range(count, len(topic.homes)):
+            self._gone.add(topic.homes[i])  # it had more partitions once (recreated)
         grown = topic.ready
         if not topic.ready:
             topic.slot = self._next_topic_slot
             self._next_topic_slot += 1
         topic.base = base
+        topic.width = count
         topic.n_partitions = count
         topic.ranges.append((base, count))
         topic.attempts = 0
@@ -320,6 +357,35 @@ class Metadata:
         )
         topic.waiters = []
         return True
+
+    def _resize(self, topic: _Topic, count: int, out: list[TopicAnswer]) -> None:
+        """A new partition count within the topic's current range: partitions from
+        ``count`` on are gone (or back, when it grew again). Every worker is told."""
+        old = topic.n_partitions
+        topic.n_partitions = count
+        for i, home in enumerate(topic.homes):
+            if i < count:
+                self._gone.discard(home)
+            else:
+                self._gone.add(home)
+        self._shared.write_topic(
+            topic.slot,
+            name=topic.name,
+            state=L.TOPIC_READY,
+            n_partitions=count,
+            base=topic.base,
+            error=0,
+        )
+        out.append(TopicAnswer(None, TopicInfo(0, topic.slot, count, 0, topic.name)))
+        if count < old:
+            log.warning(
+                "topic %r now has %d partitions, not %d: batches for partitions %d-%d fail",
+                topic.name,
+                count,
+                old,
+                count,
+                old - 1,
+            )
 
     def _set_leaders(self, topic: _Topic, leaders: dict[int, int]) -> None:
         for base, count in topic.ranges:

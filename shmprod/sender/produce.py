@@ -55,6 +55,8 @@ def build_request(
     by_topic: dict[str, list[PartitionProduceData]] = {}
     for batch in batches:
         topic, partition = locate(batch.partition_slot)
+        if (topic, partition) in ctx.batches:  # the drain's one rule: never overwrite
+            raise ValueError(f"two batches for partition {partition} of {topic!r} in a request")
         ctx.batches[(topic, partition)] = batch
         by_topic.setdefault(topic, []).append(
             PartitionProduceData(index=partition, records=records_of(batch))

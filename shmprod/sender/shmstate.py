@@ -120,11 +120,13 @@ class SharedState:
 
     # -- PARTITION slots -----------------------------------------------------------------
 
-    def init_partition(self, slot: int, leader: int) -> None:
-        """Zeroes a PARTITION slot and sets its leader. Runs in: sender."""
+    def init_partition(self, slot: int, leader: int, home: int) -> None:
+        """Zeroes a PARTITION slot, sets its leader and its home slot (itself, or the
+        first slot of its topic-partition: see layout.P_HOME). Runs in: sender."""
         off = self.geo.partition(slot)
         self.view[off : off + L.PARTITION_SLOT_SIZE] = bytes(L.PARTITION_SLOT_SIZE)
         L.I32.pack_into(self.view, off + L.P_LEADER, leader)
+        L.U32.pack_into(self.view, off + L.P_HOME, home)
 
     def set_leader(self, slot: int, leader: int) -> None:
         L.I32.pack_into(self.view, self.geo.partition(slot) + L.P_LEADER, leader)

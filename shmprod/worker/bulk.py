@@ -284,9 +284,10 @@ def _check_sizes(w: Worker, cols: Columns) -> None:
 class _Writer:
     """Writes encoded batches into granted buffers and hands them over in windows."""
 
-    def __init__(self, w: Worker, entry: TopicEntry, estimate: int) -> None:
+    def __init__(self, w: Worker, entry: TopicEntry, slots: list[int], estimate: int) -> None:
         self.w = w
         self.entry = entry
+        self.slots = slots  # home slot per partition, as when the rows were partitioned
         self.estimate = estimate  # batches still expected (for Alloc windows)
         self.buffers: list[int] = []  # single buffers in hand
         self.pending: list[tuple[int, int, int, int, int, BatchOutcome, int]] = []
@@ -330,7 +331,7 @@ class _Writer:
         finally:
             mv.release()
         outcome = BatchOutcome(w._done_lock, self.entry.name, partition)
-        slot = self.entry.base + partition
+        slot = self.slots[partition]
         self.pending.append((buf, run, slot, end, batch.record_count, outcome, len(batch.records)))
         self.outcomes.append(outcome)
         self.counts.append(batch.record_count)
@@ -388,6 +389,7 @@ def send_batch(
         w._check_alive()
         entry = w._topic_locked(topic)
         parts = _partitions(w, cols, entry, partitions, budget) if cols.n else np.zeros(0, np.int32)
+        slots = entry.slots  # replaced, never changed in place, when the topic changes
     ts_rows: I64 = (
         np.full(cols.n, cols.timestamps, np.int64)
         if isinstance(cols.timestamps, int)
@@ -397,9 +399,9 @@ def send_batch(
         return BatchFuture(w._done_lock, topic, parts, ts_rows, None, [], [])
     group = _group(cols, parts)
     approx = int(cols.row_bytes.sum()) + cols.n * (_ROW_OVERHEAD + cols.header_bytes)
-    writer = _Writer(w, entry, -(-approx // budget) + len(group.ranges))
+    writer = _Writer(w, entry, slots, -(-approx // budget) + len(group.ranges))
     with w._lock:
-        w._seal_all_locked([entry.base + p for p, _, _ in group.ranges])
+        w._seal_all_locked([slots[p] for p, _, _ in group.ranges])
     try:
         for p, lo, hi in group.ranges:
             hdrs: Any = group.headers

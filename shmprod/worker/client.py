@@ -350,9 +350,10 @@ class Worker(WorkerCore):
         entry = topics.entries.get(topic)
         if entry is None or _EPOCH.unpack_from(self._view, _H_EPOCH)[0] != topics.epoch:
             entry = self._topic_locked(topic)
-        slot = entry.base + self._partition_locked(entry, kb, partition, nbytes)
+        part = self._partition_locked(entry, kb, partition, nbytes)
+        slot = entry.slots[part]
         if run:
-            return self._append_large_locked(entry, slot, kb, vb, hdrs, ts, run)
+            return self._append_large_locked(entry, part, slot, kb, vb, hdrs, ts, run)
         deadline = 0
         while True:
             b = self._open.get(slot)
@@ -388,10 +389,18 @@ class Worker(WorkerCore):
                 if slot in self._open:  # another thread opened one while we waited
                     self._stock.append(buf)
                     continue
-            self._open_locked(entry, slot, buf, 1, self._batch_size)
+            self._open_locked(entry, part, slot, buf, 1, self._batch_size)
 
     def _append_large_locked(
-        self, entry: TopicEntry, slot: int, kb: Any, vb: Any, hdrs: bytes, ts: int, run: int
+        self,
+        entry: TopicEntry,
+        part: int,
+        slot: int,
+        kb: Any,
+        vb: Any,
+        hdrs: bytes,
+        ts: int,
+        run: int,
     ) -> RecordFuture:
         """A record larger than batch_size: alone in its own run of adjacent buffers,
         after the partition's open batch is sealed. Runs in: worker, state lock held."""
@@ -400,7 +409,7 @@ class Worker(WorkerCore):
             self._send_locked(self._seal_locked(b))
         deadline = time.monotonic_ns() + self._max_block_ns
         buf = self._obtain_locked(run, 1, deadline)[0]
-        big = self._new_batch_locked(entry, slot, buf, run, self._geo.run_bytes(run))
+        big = self._new_batch_locked(entry, part, slot, buf, run, self._geo.run_bytes(run))
         big.base_ts = big.max_ts = ts
         try:
             big.pos = encode_record_into(big.view, HEADER_SIZE, 0, 0, kb, vb, hdrs)

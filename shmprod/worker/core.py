@@ -215,7 +215,7 @@ class WorkerCore:
     # ------------------------------------------------------------------------------
 
     def _new_batch_locked(
-        self, entry: TopicEntry, slot: int, buf: int, run: int, capacity: int
+        self, entry: TopicEntry, partition: int, slot: int, buf: int, run: int, capacity: int
     ) -> A.OpenBatch:
         """Starts a batch in granted ``buf``. Runs in: worker, state lock held; the
         buffer is this worker's alone (granted, not sealed), so shm needs no lock.
@@ -226,7 +226,7 @@ class WorkerCore:
         self._check_alive()
         bid = self._next_batch_id
         self._next_batch_id = bid + 1
-        outcome = BatchOutcome(self._done_lock, entry.name, slot - entry.base)
+        outcome = BatchOutcome(self._done_lock, entry.name, partition)
         now = time.monotonic_ns()
         self._last_open_ns = now
         return A.open_batch(
@@ -243,10 +243,13 @@ class WorkerCore:
             self._linger_ns,
         )
 
-    def _open_locked(self, entry: TopicEntry, slot: int, buf: int, run: int, capacity: int) -> None:
-        """Makes a new batch the open one of ``slot``; wakes the I/O thread if its linger
-        deadline comes first. Runs in: worker, state lock held."""
-        b = self._new_batch_locked(entry, slot, buf, run, capacity)
+    def _open_locked(
+        self, entry: TopicEntry, partition: int, slot: int, buf: int, run: int, capacity: int
+    ) -> None:
+        """Makes a new batch the open one of ``slot`` (the partition's home slot); wakes
+        the I/O thread if its linger deadline comes first. Runs in: worker, state lock
+        held."""
+        b = self._new_batch_locked(entry, partition, slot, buf, run, capacity)
         self._open[slot] = b
         if b.deadline_ns < self._io_deadline_ns:
             self._io_deadline_ns = b.deadline_ns

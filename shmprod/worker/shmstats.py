@@ -76,12 +76,17 @@ def read_topics(seg: memoryview, geo: L.Geometry) -> dict[str, dict[str, list[in
         base = L.U32.unpack_from(seg, off + L.T_PARTITION_BASE)[0]
         name_len = min(L.U16.unpack_from(seg, off + L.T_NAME_LEN)[0], L.MAX_TOPIC_NAME)
         name = bytes(seg[off + L.T_NAME : off + L.T_NAME + name_len]).decode("utf-8", "replace")
-        if base + n > geo.max_partitions:
+        if n == 0 or base + n > geo.max_partitions:
             continue
-        start = geo.partitions + base * L.PARTITION_SLOT_SIZE
-        raw = bytes(seg[start : start + n * L.PARTITION_SLOT_SIZE])
-        words = np.frombuffer(raw, dtype="<u4").reshape(n, L.PARTITION_SLOT_SIZE // 4)
-        longs = np.frombuffer(raw, dtype="<u8").reshape(n, L.PARTITION_SLOT_SIZE // 8)
+        homes = [L.U32.unpack_from(seg, geo.partition(base + i) + L.P_HOME)[0] for i in range(n)]
+        if any(h >= geo.max_partitions for h in homes):
+            continue
+        # a partition's counters live in its home slot (an older range after growth)
+        slots = b"".join(
+            bytes(seg[geo.partition(h) : geo.partition(h) + L.PARTITION_SLOT_SIZE]) for h in homes
+        )
+        words = np.frombuffer(slots, dtype="<u4").reshape(n, L.PARTITION_SLOT_SIZE // 4)
+        longs = np.frombuffer(slots, dtype="<u8").reshape(n, L.PARTITION_SLOT_SIZE // 8)
         out[name] = {
             "queue_depth": words[:, L.P_QUEUE_DEPTH // 4].tolist(),
             "in_flight": words[:, L.P_IN_FLIGHT // 4].tolist(),

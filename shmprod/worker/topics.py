@@ -7,6 +7,11 @@ writes a TOPIC slot and answers ``TopicInfo``. The worker then caches topic ->
 cached slots are read again (a partition count change moves a topic to a new range).
 Pushed ``TopicInfo`` (request id 0) also refresh a cached topic.
 
+A partition is always addressed by its HOME slot (``P_HOME`` of its slot in the topic's
+range: see :mod:`shmprod.layout`), never by ``base + partition`` directly: after the
+topic grows, the partitions it had keep their first slot, so this process keeps
+appending to the same open batch and its batches of a partition stay in order.
+
 Topic names are checked here first, with Kafka's rules: 1-249 characters of
 ``[a-zA-Z0-9._-]``, and not ``.`` or ``..`` (:class:`InvalidTopicError`).
 
@@ -21,6 +26,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
+
+import numpy as np
+import numpy.typing as npt
 
 from shmprod import layout as L
 from shmprod.errors import (
@@ -56,7 +64,8 @@ def validate_topic(name: object) -> str:
 
 @dataclass(slots=True)
 class TopicEntry:
-    """One cached topic: its TOPIC slot and its contiguous PARTITION slots.
+    """One cached topic: its TOPIC slot and the home PARTITION slot of each partition
+    (``slots[p]``; ``slot_array`` the same as numpy int32 for ``send_batch``).
 
     ``sticky`` is this process's null-key partitioner for the topic; ``next_bulk`` the
     partition the next ``send_batch`` of null-key rows starts at.
@@ -65,12 +74,16 @@ class TopicEntry:
     name: str
     slot: int
     partitions: int
-    base: int
+    slots: list[int]
     sticky: StickyPartitioner
     next_bulk: int = field(default=-1)
+    slot_array: npt.NDArray[np.int32] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slot_array = np.array(self.slots, np.int32)
 
     def partition_slot(self, partition: int) -> int:
-        return self.base + partition
+        return self.slots[partition]
 
 
 @dataclass(slots=True)
@@ -104,9 +117,9 @@ class TopicTable:
         epoch: int = L.U64.unpack_from(self._view, L.H_METADATA_EPOCH)[0]
         return epoch
 
-    def read_slot(self, slot: int, name: str) -> tuple[int, int] | None:
-        """(partitions, first partition slot) of TOPIC ``slot`` if it is READY and names
-        ``name`` with a range inside the table; None otherwise.
+    def read_slot(self, slot: int, name: str) -> tuple[int, list[int]] | None:
+        """(partitions, home slot of each partition) of TOPIC ``slot`` if it is READY and
+        names ``name`` with a range inside the table; None otherwise.
 
         Runs in: worker (the sender writes slots under a seqlock: the epoch is odd while
         it writes, so an odd epoch, or one that changed while reading, is retried, a
@@ -127,6 +140,11 @@ class TopicTable:
             base = L.U32.unpack_from(view, off + L.T_PARTITION_BASE)[0]
             name_len = L.U16.unpack_from(view, off + L.T_NAME_LEN)[0]
             raw = bytes(view[off + L.T_NAME : off + L.T_NAME + min(name_len, L.MAX_TOPIC_NAME)])
+            homes: list[int] = []
+            if state == L.TOPIC_READY and n >= 1 and base + n <= geo.max_partitions:
+                homes = [
+                    L.U32.unpack_from(view, geo.partition(base + i) + L.P_HOME)[0] for i in range(n)
+                ]
             if self.read_epoch() == before:
                 break
         else:
@@ -135,7 +153,9 @@ class TopicTable:
             return None
         if raw != name.encode("utf-8", "replace"):
             return None
-        return n, base
+        if any(h >= geo.max_partitions for h in homes):
+            return None
+        return n, homes
 
     def check_epoch(self) -> None:
         """Re-reads every cached slot when the sender changed the table. Runs in: worker."""
@@ -150,12 +170,14 @@ class TopicTable:
             else:
                 self._update(entry, *got)
 
-    def _update(self, entry: TopicEntry, partitions: int, base: int) -> None:
+    def _update(self, entry: TopicEntry, partitions: int, slots: list[int]) -> None:
         if partitions != entry.partitions:
             entry.sticky.state.partition = -1  # choose again among the new partitions
             entry.next_bulk = -1
         entry.partitions = partitions
-        entry.base = base
+        if slots != entry.slots:
+            entry.slots = slots
+            entry.slot_array = np.array(slots, np.int32)
 
     def get(
         self,
@@ -227,13 +249,13 @@ class TopicTable:
             if pending is not None:
                 pending.answered = True
             return pending is not None
-        partitions, base = got
+        partitions, slots = got
         if entry is None:
             sticky = StickyPartitioner(self._batch_size, self._rand)
-            self.entries[name] = TopicEntry(name, info.topic_slot, partitions, base, sticky)
+            self.entries[name] = TopicEntry(name, info.topic_slot, partitions, slots, sticky)
         else:
             entry.slot = info.topic_slot
-            self._update(entry, partitions, base)
+            self._update(entry, partitions, slots)
         if pending is not None:
             pending.answered = True
         return True

@@ -40,7 +40,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from shmprod.errors import ConfigError, ShmprodError
+from shmprod.errors import ConfigError, EncodeError, ShmprodError
+from shmprod.protocol.columns import to_binary_array
 
 __all__ = [
     "NO_PARTITION",
@@ -176,43 +177,15 @@ def partition_for_key(key: BytesLike, num_partitions: int) -> int:
 # ---------------------------------------------------------------------------------------
 
 
-def _wrap_arrow_error(exc: Exception) -> PartitionerError:
-    """A :class:`PartitionerError` saying why a key column could not become binary."""
-    return PartitionerError(f"keys must be bytes (or None for no key): {exc}")
-
-
-def _binary_from_arrow(arr: pa.Array) -> pa.Array:
-    """``arr`` as a (large_)binary Arrow array, zero-copy for string/binary types."""
-    t = arr.type
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return arr
-    if pa.types.is_string(t):
-        return arr.view(pa.binary())
-    if pa.types.is_large_string(t):
-        return arr.view(pa.large_binary())
-    if (
-        pa.types.is_fixed_size_binary(t)
-        or pa.types.is_null(t)
-        or pa.types.is_binary_view(t)
-        or pa.types.is_string_view(t)
-    ):
-        return arr.cast(pa.binary())
-    raise PartitionerError(f"keys must be a binary or string Arrow array, got {t}")
-
-
 def _binary_chunks(keys: _KeyColumn) -> list[pa.Array]:
-    """The key column as a list of binary Arrow arrays (one per chunk)."""
-    if isinstance(keys, pa.ChunkedArray):
-        return [_binary_from_arrow(chunk) for chunk in keys.chunks]
-    if isinstance(keys, pa.Array):
-        return [_binary_from_arrow(keys)]
-    if isinstance(keys, bytes | bytearray | memoryview | str):
-        raise PartitionerError("keys must be a column of keys, not a single key")
+    """The key column as a list of binary Arrow arrays (one per chunk), by the key input
+    rule (:mod:`shmprod.protocol.columns`)."""
     try:
-        arr = pa.array(keys, type=pa.binary(), from_pandas=False)
-    except (pa.ArrowException, TypeError, ValueError) as exc:
-        raise _wrap_arrow_error(exc) from exc
-    return [arr]
+        if isinstance(keys, pa.ChunkedArray):
+            return [to_binary_array(chunk, "keys") for chunk in keys.chunks]
+        return [to_binary_array(keys, "keys")]
+    except EncodeError as exc:
+        raise PartitionerError(str(exc)) from None
 
 
 def _arrow_offsets(arr: pa.Array) -> npt.NDArray[np.int64]:

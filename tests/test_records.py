@@ -197,7 +197,7 @@ def test_transactional_and_producer_fields() -> None:
     "bad",
     [
         lambda: R.encode_batch([], base_timestamp_ms=0),
-        lambda: R.encode_batch([R.NewRecord("str", b"v")], base_timestamp_ms=0),  # type: ignore[arg-type]
+        lambda: R.encode_batch([R.NewRecord(5, b"v")], base_timestamp_ms=0),  # type: ignore[arg-type]
         lambda: R.encode_batch([R.NewRecord(None, b"v", [(b"k", b"v")])], base_timestamp_ms=0),  # type: ignore[list-item]
         lambda: R.encode_batch([R.NewRecord(None, b"v", (), 2**63)], base_timestamp_ms=-5),
         lambda: R.encode_batch(

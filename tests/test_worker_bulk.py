@@ -150,7 +150,10 @@ BAD = [
     ({"timestamps_ms": [1, -2]}, InvalidRecordError),
     ({"timestamps_ms": -1}, InvalidRecordError),
     ({"headers": [[("a", b"1")]]}, InvalidRecordError),
-    ({"headers": [("a", "str")]}, InvalidRecordError),
+    ({"headers": [("a", 1.5)]}, InvalidRecordError),
+    ({"values": np.array([1, 2])}, InvalidRecordError),
+    ({"values": "ab"}, InvalidRecordError),  # a str is not a column
+    ({"keys": np.array([42, 300])}, InvalidRecordError),
     ({"headers": 5}, InvalidRecordError),
     ({"topic": "no spaces"}, InvalidTopicError),
 ]
@@ -193,3 +196,15 @@ def test_pool_exhausted_midway_fails_only_the_rest() -> None:
         fake.release_held()
         w.flush(5)
         assert all(f.done() for f in fill)
+
+
+@pytest.mark.parametrize("large", [pa.large_binary(), pa.large_string()])
+def test_large_arrow_types_with_keys(fake: FakeSender, w: Worker, large: pa.DataType) -> None:
+    """64-bit-offset Arrow columns come zero-copy and read-only: nothing may add into
+    them in place (that raised "output array is read-only")."""
+    vals = pa.array(["v1", "v2", None], large)
+    keys = pa.array(["k1", None, "k3"], large)
+    md = w.send_batch("events", vals, keys=keys).result(5)
+    assert len(md) == 3
+    got = {(r.key, r.value) for part in fake.records("events").values() for r in part}
+    assert got == {(b"k1", b"v1"), (None, b"v2"), (b"k3", None)}

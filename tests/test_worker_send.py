@@ -10,6 +10,7 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 from test_worker_fakesender import FakeSender
 
@@ -177,17 +178,18 @@ def test_serializers() -> None:
             assert fut.result(0).offset == 0
             with pytest.raises(InvalidRecordError, match="value_serializer"):
                 w.send("events", {1, 2})  # json cannot
-        bad = dataclasses.replace(fake.handle, value_serializer=lambda v: "text")
-        with attach(bad) as w2, pytest.raises(InvalidRecordError, match="str"):
+        bad = dataclasses.replace(fake.handle, value_serializer=lambda v: v * 2)
+        with attach(bad) as w2, pytest.raises(InvalidRecordError, match="int"):
             w2.send("events", 1)
 
 
 BAD_CALLS = [
-    ({"value": "a str"}, InvalidRecordError),
     ({"value": 12}, InvalidRecordError),
+    ({"value": np.int64(12)}, InvalidRecordError),  # a buffer, but of int64, not bytes
+    ({"key": np.array([1, 2], np.int32)}, InvalidRecordError),
     ({"key": 1.5}, InvalidRecordError),
     ({"headers": "h"}, InvalidRecordError),
-    ({"headers": [("k", "not bytes")]}, InvalidRecordError),
+    ({"headers": [("k", 5)]}, InvalidRecordError),
     ({"headers": [(1, b"v")]}, InvalidRecordError),
     ({"headers": [("k",)]}, InvalidRecordError),
     ({"timestamp_ms": "now"}, InvalidRecordError),

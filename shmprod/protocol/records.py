@@ -42,6 +42,7 @@ from shmprod.errors import CompressionError, DecodeError, EncodeError
 from shmprod.protocol import compression as _codecs
 from shmprod.protocol.compression import DEFAULT_MAX_DECOMPRESSED, NONE
 from shmprod.protocol.primitives import INT32_MAX, Reader, encode_uvarint
+from shmprod.protocol.values import as_bytes
 
 __all__ = [
     "ATTRIBUTES",
@@ -244,14 +245,9 @@ _HEADER_PLACEHOLDER: Final = bytes(HEADER_SIZE)
 
 
 def _as_bytes(b: object, what: str) -> Bytes | None:
-    """A bytes-like key/value as a flat byte buffer; EncodeError for anything else."""
-    if b is None or isinstance(b, bytes | bytearray):
-        return b
-    if isinstance(b, memoryview):
-        if not b.c_contiguous:
-            raise EncodeError(f"{what} memoryview must be C-contiguous")
-        return b if b.format == "B" and b.ndim == 1 else b.cast("B")
-    raise EncodeError(f"{what} must be bytes-like or None, not {type(b).__name__}")
+    """A key, value or header value as flat bytes by the input rule of
+    :mod:`shmprod.protocol.values` (bytes-like, str as UTF-8, None); EncodeError else."""
+    return as_bytes(b, what)
 
 
 def _check_bytes(b: object, what: str) -> int:

@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 from shmprod.errors import EncodeError
 from shmprod.protocol import compression as _codecs
 from shmprod.protocol import records as _records
+from shmprod.protocol.columns import to_binary_array
 from shmprod.protocol.compression import NONE
 from shmprod.protocol.primitives import INT32_MAX
 from shmprod.protocol.records import HEADER_SIZE, Header, NewRecord
@@ -85,44 +86,6 @@ _CONT: Final = np.array(
 # ---------------------------------------------------------------------------------------
 # Input normalisation
 # ---------------------------------------------------------------------------------------
-
-
-def to_binary_array(column: BinaryColumn, what: str = "values") -> pa.Array:
-    """A column as one Arrow binary/large_binary array (conversion in C, no row loop).
-
-    Accepts Arrow binary, large_binary, string, large_string, binary_view, string_view,
-    fixed_size_binary or null arrays (chunked too), numpy object arrays of bytes/None,
-    and Python sequences of bytes/None. Strings are taken as UTF-8. Convert once and
-    slice the result (zero-copy) when encoding many batches from one column.
-    """
-    try:
-        arr = column
-        if isinstance(arr, pa.ChunkedArray):
-            arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-        if not isinstance(arr, pa.Array):
-            if isinstance(arr, np.ndarray) and arr.ndim != 1:
-                raise EncodeError(f"{what} must be one-dimensional, got shape {arr.shape}")
-            arr = pa.array(arr, type=pa.binary())
-        t = arr.type
-        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            return arr
-        if pa.types.is_string(t):
-            return arr.view(pa.binary())
-        if pa.types.is_large_string(t):
-            return arr.view(pa.large_binary())
-        if pa.types.is_null(t):
-            return pa.nulls(len(arr), pa.binary())
-        if (
-            pa.types.is_binary_view(t)
-            or pa.types.is_string_view(t)
-            or pa.types.is_fixed_size_binary(t)
-        ):
-            return arr.cast(pa.large_binary()) if arr.nbytes >= 1 << 31 else arr.cast(pa.binary())
-    except EncodeError:
-        raise
-    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-        raise EncodeError(f"{what} cannot be converted to binary: {exc}") from None
-    raise EncodeError(f"{what} must be a binary or string column, got Arrow type {t}")
 
 
 def _lengths(arr: pa.Array) -> tuple[pa.Array, I64, bool]:

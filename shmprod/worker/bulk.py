@@ -102,7 +102,9 @@ def _binary(column: Any, what: str) -> pa.Array:
 
 
 def _lengths(arr: pa.Array) -> I64:
-    out: I64 = np.asarray(pc.fill_null(pc.binary_length(arr), 0), dtype=np.int64)
+    """Byte length of each row (null: 0), as a numpy array of this call's own (Arrow's
+    zero-copy views are read-only)."""
+    out: I64 = np.array(pc.fill_null(pc.binary_length(arr), 0), dtype=np.int64)
     return out
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from shmprod.config import Serializer
 from shmprod.errors import EncodeError, InvalidRecordError, UnknownPartitionError
+from shmprod.protocol import values
 from shmprod.protocol.records import encode_headers
 
 __all__ = [
@@ -26,35 +27,19 @@ __all__ = [
     "serialize",
 ]
 
-Blob = bytes | bytearray | memoryview
+Blob = values.Blob
 
 NO_HEADERS: Final = b"\x00"  # the headers section of a record without headers
 _INT64_MAX: Final = 2**63 - 1
 
 
 def as_bytes(obj: object, what: str) -> Blob | None:
-    """``obj`` as a flat bytes-like (bytes, bytearray, contiguous memoryview, or any
-    object with the buffer protocol), or None; :class:`InvalidRecordError` otherwise."""
-    if obj is None:
-        return None
-    tp = type(obj)
-    if tp is bytes or tp is bytearray:
-        return obj  # type: ignore[return-value]
-    if isinstance(obj, str):
-        raise InvalidRecordError(
-            f"{what} must be bytes-like or None, got str: encode it or set {what}_serializer"
-        )
+    """``obj`` by the key/value input rule (:mod:`shmprod.protocol.values`): bytes-like
+    as is, str as UTF-8, None; :class:`InvalidRecordError` naming the type otherwise."""
     try:
-        mv = obj if isinstance(obj, memoryview) else memoryview(obj)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidRecordError(
-            f"{what} must be bytes-like or None, got {tp.__name__}: set {what}_serializer"
-        ) from None
-    if not mv.c_contiguous:
-        raise InvalidRecordError(f"{what} must be a C-contiguous buffer")
-    if mv.ndim != 1 or mv.format != "B":
-        mv = mv.cast("B")
-    return mv
+        return values.as_bytes(obj, what)
+    except EncodeError as exc:
+        raise InvalidRecordError(str(exc)) from None
 
 
 def serialize(fn: Serializer | None, obj: object, what: str) -> Blob | None:

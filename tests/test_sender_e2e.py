@@ -711,3 +711,30 @@ def test_duplicate_sequence_for_a_first_send_fails_loudly(
         owner.close()
     got = consume_all(broker.bootstrap, topic_name, 1, 2, timeout_s=20)
     assert [r.value for r in got[0]] == values("next", 2)
+
+
+def test_acks_0_close_waits_until_the_broker_read_everything(
+    broker: EmbeddedBroker, proxy: KafkaProxy, topic_name: str
+) -> None:
+    """With acks=0 a batch is complete once written, but a connection closed before the
+    broker read its requests loses them. At close the sender waits for the answer to
+    one Metadata request per connection (answers come in order), bounded by the close
+    timeout. Here every node holds its bytes for 0.5 s when the owner closes."""
+    broker.create_topic(topic_name, 1)
+    owner = Owner(proxy.bootstrap, acks=0, enable_idempotence=False)
+    try:
+        w = FakeWorker(owner, as_owner=True)
+        assert w.expect(ipc.Ready).error == 0
+        base, _ = w.topic(topic_name)
+        for node in range(proxy.nodes):
+            proxy.stall(node, 0.5)
+        ids = [w.produce(base, values(f"z{i}", 5)) for i in range(4)]
+        assert all(w.done(bid).error == 0 for bid in ids)  # written, not yet read
+        shutdown(owner, w)
+        w.close()
+    finally:
+        owner.close()
+    got = consume_all(broker.bootstrap, topic_name, 1, 20, timeout_s=20)
+    assert sorted(r.value for r in got[0]) == sorted(
+        v for i in range(4) for v in values(f"z{i}", 5)
+    )

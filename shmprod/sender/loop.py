@@ -48,6 +48,7 @@ from shmprod.protocol.frames import UnsupportedVersionError
 from shmprod.protocol.messages import (
     InitProducerIdRequest,
     InitProducerIdResponse,
+    MetadataRequest,
     MetadataResponse,
     ProduceResponse,
     Response,
@@ -95,6 +96,16 @@ class _Marker:
 
 _METADATA = _Marker("metadata")
 _PRODUCER_ID = _Marker("producer id")
+
+
+class _Fence:
+    """A request sent at close with acks=0 only to learn, from its answer, that the
+    broker read every produce request written before it on that connection."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: int) -> None:
+        self.node = node
 
 
 class Sender:
@@ -165,6 +176,8 @@ class Sender:
         self._pid_retry_at = 0
         self._flying: set[Batch] = set()  # batches of produce requests not yet completed
         self._resets_in_a_row = 0  # epoch bumps / new ids with no batch written between
+        self._fences: set[int] = set()  # acks=0 close: connections not yet past their fence
+        self._fenced = False
 
         now = clock()
         self.phase = Phase.BOOTSTRAP
@@ -1004,6 +1017,8 @@ class Sender:
         elif ctx is _PRODUCER_ID:
             self._pid_in_flight = False
             self._pid_failed(now)
+        elif isinstance(ctx, _Fence):
+            self._fences.discard(ctx.node)
 
     def _on_answer(self, conn: NodeConnection, req: InFlight, resp: Response, now: int) -> None:
         ctx = req.context
@@ -1021,6 +1036,8 @@ class Sender:
         elif ctx is _PRODUCER_ID:
             assert isinstance(resp, InitProducerIdResponse)
             self._on_producer_id(resp, now)
+        elif isinstance(ctx, _Fence):
+            self._fences.discard(ctx.node)
 
     def _adopt_bootstrap_connections(self) -> None:
         """A bootstrap connection to a node's advertised address becomes that node's
@@ -1279,7 +1296,9 @@ class Sender:
 
     def _progress_shutdown(self, now: int) -> None:
         idle = not len(self.acc) and not self._requests_in_flight
-        if not idle and now < self._shutdown_deadline:
+        if idle and self.cfg.acks == 0 and not self._fenced and now < self._shutdown_deadline:
+            self._send_fences(now)
+        if (not idle or self._fences) and now < self._shutdown_deadline:
             return
         code = ProducerClosedError.code
         self._abort_all(code, "the producer closed before this batch was delivered")
@@ -1292,6 +1311,27 @@ class Sender:
             lifecycle.remove_producer_files(self.spec.segment, self.spec.socket_path)
         self.exit_code = lifecycle.EXIT_OK
         log.info("closed")
+
+    def _send_fences(self, now: int) -> None:
+        """acks=0: a batch is complete once written, but a broker may drop requests it
+        had not read yet when the connection closes. Before closing, one Metadata request
+        (brokers only) per connection; a broker answers requests of a connection in
+        order, so its answer means every produce request before it was read."""
+        self._fenced = True
+        for conn in list(self._nodes.values()):
+            if not conn.ready:
+                continue
+            try:
+                conn.send(
+                    MetadataRequest(topics=[], allow_auto_topic_creation=False),
+                    MetadataResponse,
+                    _Fence(conn.node_id),
+                    now,
+                )
+            except UnsupportedVersionError:
+                continue
+            self._fences.add(conn.node_id)
+            self._flush_node(conn, now)
 
     def _owner_lost(self, now: int) -> None:
         """The owner's connection ended without Shutdown, or its process is gone."""

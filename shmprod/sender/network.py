@@ -28,7 +28,11 @@ encrypted ahead of what the socket took. Reads go socket -> incoming BIO ->
 every byte each way; the zero-copy ``sendmsg`` path is for plaintext only.
 
 Reads go through a :class:`FrameDecoder`; Kafka answers in request order, so a response
-whose correlation id is not the oldest outstanding one is a protocol error.
+whose correlation id is not the oldest outstanding one is a protocol error. One
+exception: a broker that answers acks=0 produce requests, which Kafka never does (tansu
+does: measured, every one of them). Those answers are dropped (the last
+``QUIET_IDS`` such correlation ids are remembered), rather than closing the connection
+with requests the broker had not read yet.
 
 Every request carries a deadline (``request_timeout_ms`` from when it was queued); the
 loop asks :meth:`NodeConnection.expired` and closes a connection whose oldest request is
@@ -80,6 +84,7 @@ IOV_MAX = 1024
 RECV_SIZE = 1 << 20
 MAX_READS_PER_EVENT = 8
 MS = 1_000_000
+QUIET_IDS = 4096  # acks=0 requests remembered in case the broker answers them
 TLS_ENCRYPT_CHUNK = 256 * 1024
 
 
@@ -170,6 +175,9 @@ class NodeConnection:
         self._decoder = FrameDecoder()
         self._correlation = itertools.count(1)
         self._pending: dict[int, InFlight] = {}
+        # correlation ids of written requests that expect no answer (acks=0): a broker
+        # that answers them anyway (tansu does) is not a protocol error
+        self._quiet: dict[int, None] = {}
         # (segment, request, last segment of that request)
         self._out: deque[tuple[memoryview, InFlight, bool]] = deque()
         self._apiversions_version = ApiVersionsRequest.VERSIONS[1]
@@ -329,10 +337,7 @@ class NodeConnection:
                 sent -= len(seg)
                 out.popleft()
                 if last:
-                    req.written = True
-                    if req.response_cls is None:
-                        self._pending.pop(req.correlation_id, None)
-                        done.append(req)
+                    self._segment_written(req, done)
             if full:
                 break
         return done
@@ -342,6 +347,9 @@ class NodeConnection:
         if req.response_cls is None:
             self._pending.pop(req.correlation_id, None)
             done.append(req)
+            self._quiet[req.correlation_id] = None
+            if len(self._quiet) > QUIET_IDS:
+                del self._quiet[next(iter(self._quiet))]  # the oldest: never answered
 
     def _flush_tls(self, sock: socket.socket, tls: ssl.SSLObject) -> list[InFlight]:
         """Encrypts queued segments (read in place) and sends the ciphertext."""
@@ -498,6 +506,9 @@ class NodeConnection:
         except ProtocolError as exc:
             raise ConnectionLost(f"bad response from {self.host}:{self.port}: {exc}") from None
         req = self._pending.pop(corr, None)
+        if req is None and corr in self._quiet:
+            del self._quiet[corr]
+            return None  # an answer to an acks=0 request: nothing waits for it
         if req is None or req.response_cls is None:
             raise ConnectionLost(
                 f"response with unexpected correlation id {corr} from {self.host}:{self.port}"

@@ -5,8 +5,9 @@ The sender answers ONE ``Done`` per Kafka record batch, so completion is per bat
 * :class:`BatchOutcome` is the single completion of one Kafka batch (base offset or
   error). Every record of the batch shares it; resolving a batch costs O(1) plus the
   callbacks somebody registered, never O(records).
-* :class:`RecordFuture` (from ``send``) is a record's view of its batch's outcome: the
-  outcome plus the record's index in the batch and its timestamp. Its offset is
+* :class:`RecordFuture` (from ``send``) is one small object: the record's stage and its
+  row (:mod:`shmprod.worker.staging`). Once the stage is flushed, the stage maps each
+  row to its batch's outcome and its index in that batch: its offset is
   ``base_offset + index`` (offsetDelta is the index), computed when asked.
 * :class:`BatchFuture` (from ``send_batch``) spans the Kafka batches of one call and
   fills ``offsets`` / ``partitions`` / ``timestamps_ms`` arrays, in the caller's row
@@ -32,9 +33,10 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +49,9 @@ __all__ = [
     "RecordFuture",
     "RecordMetadata",
 ]
+
+if TYPE_CHECKING:
+    from shmprod.worker.staging import Stage
 
 log = logging.getLogger(__name__)
 
@@ -261,32 +266,70 @@ def _timeout_error(timeout: float | None) -> concurrent.futures.TimeoutError:
 
 
 class RecordFuture:
-    """The outcome of one record sent with ``send``: its batch's outcome + its index.
+    """The outcome of one record sent with ``send``: its stage and its row in it.
 
     Behaves like :class:`concurrent.futures.Future` (``result``, ``exception``,
-    ``done``, ``add_done_callback``); records cannot be cancelled once handed over.
+    ``done``, ``add_done_callback``); a record cannot be cancelled once sent. Until its
+    stage is flushed (at most ``linger_ms``) it is pending; then it reads its batch's
+    outcome: offset ``base_offset + index``.
     """
 
-    __slots__ = ("_index", "_outcome", "_timestamp_ms")
+    __slots__ = ("_row", "_stage")
 
-    def __init__(self, outcome: BatchOutcome, index: int, timestamp_ms: int) -> None:
-        self._outcome = outcome
-        self._index = index
-        self._timestamp_ms = timestamp_ms
+    def __init__(self, stage: Stage, row: int) -> None:
+        self._stage = stage
+        self._row = row
 
     def __reduce__(self) -> Any:
         raise TypeError("a RecordFuture belongs to the process that sent; it cannot be pickled")
 
     def __repr__(self) -> str:
-        o = self._outcome
-        state = ("pending", "succeeded", "failed")[o._state]
-        return f"<RecordFuture {o.topic}[{o.partition}] #{self._index} {state}>"
+        state = "pending" if not self.done() else ("failed" if self._error() else "succeeded")
+        return f"<RecordFuture {self._stage.topic} row {self._row} {state}>"
+
+    def _outcome(self) -> BatchOutcome | None:
+        s = self._stage
+        if not s.flushed or s.error is not None:
+            return None
+        assert s.row_batch is not None
+        return s.outcomes[int(s.row_batch[self._row])]
+
+    def _error(self) -> BaseException | None:
+        s = self._stage
+        if s.error is not None:
+            return s.error
+        o = self._outcome()
+        if o is None or not o.done():
+            return None
+        assert s.row_index is not None
+        return o.record_outcome(int(s.row_index[self._row]))[2]
+
+    def _wait(self, timeout: float | None) -> BatchOutcome | None:
+        """Waits (bounded) until done; the outcome, or None when the stage failed."""
+        s = self._stage
+        if not s.flushed:
+            start = time.monotonic()
+            if not s.wait_flushed(timeout):
+                raise _timeout_error(timeout)
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - start))
+        if s.error is not None:
+            return None
+        o = self._outcome()
+        assert o is not None
+        if not o.done() and not o.wait(timeout):
+            raise _timeout_error(timeout)
+        return o
 
     def done(self) -> bool:
-        return self._outcome._state != PENDING
+        s = self._stage
+        if not s.flushed:
+            return False
+        o = self._outcome()
+        return o is None or o.done()
 
     def running(self) -> bool:
-        return self._outcome._state == PENDING
+        return not self.done()
 
     def cancel(self) -> bool:
         """Always False: a record handed to the producer cannot be taken back."""
@@ -297,34 +340,29 @@ class RecordFuture:
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         """The record's metadata; raises its error, or TimeoutError after ``timeout`` s."""
-        o = self._outcome
-        if o._state == PENDING and not o.wait(timeout):
-            raise _timeout_error(timeout)
-        if o._pieces is not None:
-            offset, lat, error = o.record_outcome(self._index)
-            if error is not None:
-                raise error
-        elif o._state == FAILED:
-            assert o._error is not None
-            raise o._error
-        else:
-            base = o._base_offset
-            offset = base + self._index if base >= 0 else -1
-            lat = o._log_append_time_ms
-        return RecordMetadata(o.topic, o.partition, offset, lat if lat >= 0 else self._timestamp_ms)
+        o = self._wait(timeout)
+        s = self._stage
+        if o is None:
+            assert s.error is not None
+            raise s.error
+        assert s.row_index is not None and s.row_partition is not None
+        offset, lat, error = o.record_outcome(int(s.row_index[self._row]))
+        if error is not None:
+            raise error
+        ts = lat if lat >= 0 else int(s.timestamps[self._row])
+        return RecordMetadata(s.topic, int(s.row_partition[self._row]), offset, ts)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The record's error, or None once it succeeded; TimeoutError after ``timeout``."""
-        o = self._outcome
-        if o._state == PENDING and not o.wait(timeout):
-            raise _timeout_error(timeout)
-        if o._pieces is not None:
-            return o.record_outcome(self._index)[2]
-        return o._error
+        o = self._wait(timeout)
+        if o is None:
+            return self._stage.error
+        assert self._stage.row_index is not None
+        return o.record_outcome(int(self._stage.row_index[self._row]))[2]
 
     def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
         """Calls ``fn(self)`` once done (in the worker's I/O thread, or now if done)."""
-        self._outcome.add_listener(lambda _o: fn(self))
+        self._stage.add_callback(self._row, fn, self)
 
     def to_concurrent(self) -> concurrent.futures.Future[RecordMetadata]:
         """A real :class:`concurrent.futures.Future` resolved with this one."""

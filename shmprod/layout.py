@@ -105,6 +105,7 @@ S_BUFFERS_RECLAIMED: Final = 120  # buffers taken back from dead workers
 S_BATCHES_SPLIT: Final = 128  # batches split after MESSAGE_TOO_LARGE
 S_EPOCH_BUMPS: Final = 136  # producer epoch bumped by the sender itself (KIP-360)
 S_PRODUCER_ID_RESETS: Final = 144  # new producer ids taken after the first
+S_BATCHES_REQUESTED: Final = 152  # batches written into produce requests (retries too)
 STATS_FIELDS: Final = (
     ("batches_received", S_BATCHES_RECEIVED),
     ("batches_sent", S_BATCHES_SENT),
@@ -125,6 +126,7 @@ STATS_FIELDS: Final = (
     ("batches_split", S_BATCHES_SPLIT),
     ("epoch_bumps", S_EPOCH_BUMPS),
     ("producer_id_resets", S_PRODUCER_ID_RESETS),
+    ("batches_requested", S_BATCHES_REQUESTED),
 )
 STATS_SIZE: Final = 4 * CACHE_LINE
 
@@ -140,6 +142,9 @@ W_BATCHES_SEALED: Final = 40  # u64
 W_SEND_ERRORS: Final = 48  # u64: sends refused at the call (bad input, timeouts)
 W_RECORDS_ACKED: Final = 56  # u64
 W_RECORDS_FAILED: Final = 64  # u64
+W_BUFFER_WAITS: Final = 72  # u64: times the worker waited for the sender to grant buffers
+W_BUFFER_WAIT_NS: Final = 80  # u64: time spent in those waits
+W_BUFFER_WAITS_POOL_FREE: Final = 88  # u64: those waits while half the pool or more was free
 WORKER_SLOT_SIZE: Final = 2 * CACHE_LINE
 
 WORKER_FREE: Final = 0

@@ -27,7 +27,7 @@ def _attach_fork_and_die(handle: Handle, topic: str, child_pid: mp.Queue[int]) -
     sent = w.send(topic, b"from the worker", partition=0)
     w.flush(30)
     sent.result(timeout=0)
-    w.send(topic, b"left in an open batch", partition=1)  # holds a granted buffer
+    w.send(topic, b"left staged", partition=1)  # and it holds its lease of granted buffers
     pid = os.fork()
     if pid == 0:  # the child: lives on, never touches the producer
         time.sleep(60)

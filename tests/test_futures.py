@@ -19,6 +19,7 @@ from shmprod.futures import (
     RecordFuture,
     RecordMetadata,
 )
+from shmprod.worker.staging import Stage
 
 
 @pytest.fixture
@@ -26,9 +27,43 @@ def lock() -> threading.Lock:
     return threading.Lock()
 
 
+def record(outcome: BatchOutcome, index: int, timestamp_ms: int) -> RecordFuture:
+    """The future of a record staged alone, flushed as record ``index`` of the batch
+    that ``outcome`` completes (what ``send`` returns once its stage is flushed)."""
+    stage = Stage(outcome.topic, 0, threading.Lock())
+    stage.timestamps.append(timestamp_ms)
+    stage.n = 1
+    one = np.ones(1, np.int32)
+    stage.resolve([outcome], one * 0, one * index, one * outcome.partition)
+    return RecordFuture(stage, 0)
+
+
+def test_a_staged_record_waits_for_its_flush(lock: threading.Lock) -> None:
+    stage = Stage("t", 0, lock)
+    stage.timestamps.append(7)
+    stage.n = 1
+    f = RecordFuture(stage, 0)
+    assert not f.done()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        f.result(0.01)
+    seen: list[object] = []
+    f.add_done_callback(seen.append)
+    o = BatchOutcome(lock, "t", 2)
+    one = np.ones(1, np.int32)
+    threading.Timer(0.05, stage.resolve, args=([o], one * 0, one * 4, one * 2)).start()
+    threading.Timer(0.1, o.succeed, args=(100,)).start()
+    assert f.result(5) == RecordMetadata("t", 2, 104, 7)
+    assert seen == [f]
+    failed = Stage("t", 0, lock)
+    failed.n = 1
+    g = RecordFuture(failed, 0)
+    failed.fail(SenderDiedError("gone"))
+    assert isinstance(g.exception(0), SenderDiedError)
+
+
 def test_record_future_offset_is_base_plus_index(lock: threading.Lock) -> None:
     o = BatchOutcome(lock, "t", 3)
-    futs = [RecordFuture(o, i, 1000 + i) for i in range(3)]
+    futs = [record(o, i, 1000 + i) for i in range(3)]
     assert not any(f.done() for f in futs) and futs[0].running()
     o.succeed(500)
     assert [f.result(0) for f in futs] == [
@@ -41,13 +76,13 @@ def test_record_future_offset_is_base_plus_index(lock: threading.Lock) -> None:
 def test_log_append_time_and_acks0(lock: threading.Lock) -> None:
     o = BatchOutcome(lock, "t", 0)
     o.succeed(-1, 777)
-    md = RecordFuture(o, 4, 1).result(0)
+    md = record(o, 4, 1).result(0)
     assert md.offset == -1 and md.timestamp_ms == 777
 
 
 def test_failure_raises_and_first_outcome_sticks(lock: threading.Lock) -> None:
     o = BatchOutcome(lock, "t", 0)
-    f = RecordFuture(o, 0, 0)
+    f = record(o, 0, 0)
     o.fail(KafkaError(87))
     o.succeed(1)  # ignored
     with pytest.raises(KafkaError) as ei:
@@ -57,7 +92,7 @@ def test_failure_raises_and_first_outcome_sticks(lock: threading.Lock) -> None:
 
 
 def test_result_times_out(lock: threading.Lock) -> None:
-    f = RecordFuture(BatchOutcome(lock, "t", 0), 0, 0)
+    f = record(BatchOutcome(lock, "t", 0), 0, 0)
     t0 = time.monotonic()
     with pytest.raises(concurrent.futures.TimeoutError):
         f.result(0.05)
@@ -68,7 +103,7 @@ def test_result_times_out(lock: threading.Lock) -> None:
 
 def test_waiter_wakes_when_resolved_from_another_thread(lock: threading.Lock) -> None:
     o = BatchOutcome(lock, "t", 0)
-    f = RecordFuture(o, 2, 0)
+    f = record(o, 2, 0)
     threading.Timer(0.05, o.succeed, args=(10,)).start()
     assert f.result(5).offset == 12
 
@@ -77,7 +112,7 @@ def test_callbacks_run_once_and_at_once_when_done(
     lock: threading.Lock, caplog: pytest.LogCaptureFixture
 ) -> None:
     o = BatchOutcome(lock, "t", 0)
-    f = RecordFuture(o, 0, 0)
+    f = record(o, 0, 0)
     seen: list[object] = []
 
     def boom(_f: RecordFuture) -> None:
@@ -96,12 +131,12 @@ def test_callbacks_run_once_and_at_once_when_done(
 
 def test_to_concurrent(lock: threading.Lock) -> None:
     o = BatchOutcome(lock, "t", 1)
-    cf = RecordFuture(o, 1, 5).to_concurrent()
+    cf = record(o, 1, 5).to_concurrent()
     assert isinstance(cf, concurrent.futures.Future) and not cf.done()
     o.succeed(10)
     assert cf.result(1) == RecordMetadata("t", 1, 11, 5)
     o2 = BatchOutcome(lock, "t", 1)
-    cf2 = RecordFuture(o2, 0, 0).to_concurrent()
+    cf2 = record(o2, 0, 0).to_concurrent()
     o2.fail(SenderDiedError("gone"))
     assert isinstance(cf2.exception(1), SenderDiedError)
 
@@ -110,7 +145,7 @@ def test_record_future_is_not_picklable(lock: threading.Lock) -> None:
     import pickle
 
     with pytest.raises(TypeError):
-        pickle.dumps(RecordFuture(BatchOutcome(lock, "t", 0), 0, 0))
+        pickle.dumps(record(BatchOutcome(lock, "t", 0), 0, 0))
 
 
 def _batch_future(lock: threading.Lock) -> tuple[BatchFuture, list[BatchOutcome]]:
@@ -173,7 +208,7 @@ def test_batch_future_to_concurrent(lock: threading.Lock) -> None:
 
 def test_split_batch_pieces_resolve_records_one_by_one(lock: threading.Lock) -> None:
     o = BatchOutcome(lock, "t", 2)
-    futs = [RecordFuture(o, i, 1000 + i) for i in range(5)]
+    futs = [record(o, i, 1000 + i) for i in range(5)]
     o.resolve_pieces(
         (
             OutcomePiece(0, 2, 70, -1, None),

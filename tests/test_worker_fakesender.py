@@ -129,6 +129,7 @@ class FakeSender:
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._stop = False
         self._dead = False
+        self._publish()
         self._thread = threading.Thread(target=self._run, name="fake-sender", daemon=True)
         self._thread.start()
 
@@ -241,6 +242,13 @@ class FakeSender:
                         self._calls.popleft()()
                 else:
                     self._read(key.data)
+            self._publish()
+
+    def _publish(self) -> None:
+        """The STATS a worker reads to size its lease, as the real sender keeps them."""
+        stats = self.geo.stats
+        L.U64.pack_into(self.view, stats + L.S_BUFFERS_FREE, len(self.free))
+        L.U64.pack_into(self.view, stats + L.S_WORKERS_ATTACHED, len(self.conns))
 
     def _accept(self) -> None:
         try:

@@ -249,7 +249,8 @@ def test_normal_exit_flushes_open_batches() -> None:
 
 def _die_with_open_batch(handle: Handle) -> None:
     w = attach(handle)
-    w.send("events", b"never sealed", partition=0)
+    w.send("events", b"never sealed", partition=0)  # staged; its lease is granted
+    w.stats()  # a round trip to shared memory only; the lease was asked for at attach
     os._exit(0)  # no close, no Bye
 
 

@@ -381,7 +381,9 @@ def split_batches(
     return _split(cols, batch_size, max_records)
 
 
-def _split(cols: _Columns, batch_size: int, max_records: int | None) -> I64:
+def _split(
+    cols: _Columns, batch_size: int, max_records: int | None, groups: I64 | None = None
+) -> I64:
     if batch_size <= HEADER_SIZE:
         raise EncodeError(f"batch_size {batch_size} leaves no room after the header")
     if max_records is not None and max_records < 1:
@@ -413,8 +415,10 @@ def _split(cols: _Columns, batch_size: int, max_records: int | None) -> I64:
     grids = [cum + w * index for w in range(1, len(regions))]
     out = [0]
     start = 0
+    ends = groups if groups is not None else np.array([n], np.int64)  # batches end there
     while start < n:
-        limit = min(n, start + max_rows)
+        group_end = int(ends[np.searchsorted(ends, start, side="right")])
+        limit = min(group_end, start + max_rows)
         end = start
         offset = 0  # sum(T[1:w])
         for w, grid in enumerate(grids, start=1):
@@ -894,13 +898,15 @@ def iter_encoded_batches(
     batch_size: int | None = None,
     max_records: int | None = None,
     bounds: npt.ArrayLike | None = None,
+    groups: npt.ArrayLike | None = None,
     base_timestamp_ms: int | None = None,
 ) -> Iterator[EncodedBatch]:
     """Encodes many rows as consecutive batches, vectorised across batches.
 
     Batches come from ``bounds`` (row boundaries ``[0, ..., n]``) or from
-    :func:`split_batches` with ``batch_size``/``max_records``; without either, all rows
-    form one batch. Each batch's base timestamp is ``base_timestamp_ms`` or else its first
+    :func:`split_batches` with ``batch_size``/``max_records``, where no batch crosses a
+    boundary in ``groups`` (rising row indexes ending with ``n``: rows grouped by
+    partition are then encoded in one call); without either, all rows form one batch. Each batch's base timestamp is ``base_timestamp_ms`` or else its first
     row's timestamp. Rows are encoded in chunks of whole batches (about CHUNK_BYTES), so
     memory stays bounded however many rows come in. Write each batch with
     :meth:`EncodedBatch.write_into`.
@@ -913,7 +919,12 @@ def iter_encoded_batches(
         if b.ndim != 1 or len(b) < 2 or b[0] != 0 or b[-1] != cols.n or (np.diff(b) <= 0).any():
             raise EncodeError("bounds must rise strictly from 0 to the row count")
     elif batch_size is not None:
-        b = _split(cols, batch_size, max_records)
+        g = None
+        if groups is not None:
+            g = np.asarray(groups, dtype=np.int64)
+            if g.ndim != 1 or not len(g) or g[-1] != cols.n or (np.diff(g) <= 0).any():
+                raise EncodeError("groups must rise strictly and end at the row count")
+        b = _split(cols, batch_size, max_records, g)
     else:
         b = np.array([0, cols.n], np.int64)
     approx = None

@@ -1272,6 +1272,7 @@ class Sender:
         self._requests_in_flight += 1
         self._batches_in_flight += len(batches)
         self.shared.add(L.S_REQUESTS_SENT, 1)
+        self.shared.add(L.S_BATCHES_REQUESTED, len(batches))
         self.shared.set(L.S_REQUESTS_IN_FLIGHT, self._requests_in_flight)
         self.shared.set(L.S_BATCHES_IN_FLIGHT, self._batches_in_flight)
         self._flush_node(conn, now)

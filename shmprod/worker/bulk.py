@@ -13,15 +13,18 @@
    (sticky), a large one spreads over all of them in whole batches.
 3. **Group** rows by partition with one stable ``argsort`` (input order is kept inside
    each partition) and one Arrow ``take`` per column.
-4. **Seal first** this process's open batches of every touched partition, so that the
-   records of a process reach each partition in the order it sent them.
+4. **Flush first** the records this process staged with ``send`` for the topic, under
+   the process's flush turn, so that the records of a process reach each partition in
+   the order it sent them. Staged records are flushed through steps 2-6 too
+   (:func:`flush_stage`).
 5. **Encode and write**: per partition, :func:`vectorized.iter_encoded_batches` cuts
    full batches of at most ``batch_size`` bytes; each is written with
    :meth:`EncodedBatch.write_into` straight into a granted buffer (compressed by this
    worker when a codec is set; uncompressed when the compressed form would not fit),
-   its DESCRIPTOR marked SEALED and one ``Sealed`` message sent. Buffers are asked
-   for in windows (``Alloc`` with count = k). A row larger than ``batch_size`` goes
-   alone in a run of adjacent buffers.
+   its DESCRIPTOR marked SEALED and one ``Sealed`` message sent. A few batches (at most
+   8, or an eighth of the pool) take all their buffers first, all or nothing, so a full
+   pool hands nothing over; more are asked for in windows (``Alloc`` with count = k).
+   A row larger than ``batch_size`` goes alone in a run of adjacent buffers.
 6. The :class:`BatchFuture` maps rows to (batch, index in batch) and fills the offsets
    with numpy when every batch is ``Done``.
 
@@ -40,9 +43,10 @@ Worker's state lock is held only to register and send ``Sealed`` messages.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -53,9 +57,11 @@ import pyarrow.compute as pc
 
 from shmprod import ipc
 from shmprod.errors import (
+    BufferExhaustedError,
     CompressionError,
     EncodeError,
     InvalidRecordError,
+    ProducerError,
     RecordTooLargeError,
     ShmprodError,
     UnknownPartitionError,
@@ -70,14 +76,16 @@ from shmprod.worker.topics import TopicEntry, validate_topic
 
 if TYPE_CHECKING:
     from shmprod.worker.client import Worker
+    from shmprod.worker.staging import Stage
 
-__all__ = ["Columns", "prepare_columns", "send_batch"]
+__all__ = ["Columns", "flush_stage", "prepare_columns", "send_batch"]
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
 
 _ROW_OVERHEAD: Final = 16  # rough per-row varint bytes, for spreading null keys
 _MAX_WINDOW: Final = 64  # most buffers asked for in one Alloc
+_ATOMIC_MIN: Final = 8  # up to this many batches (or an eighth of the pool): all or none
 
 
 @dataclass(slots=True)
@@ -286,16 +294,33 @@ def _check_sizes(w: Worker, cols: Columns) -> None:
 class _Writer:
     """Writes encoded batches into granted buffers and hands them over in windows."""
 
-    def __init__(self, w: Worker, entry: TopicEntry, slots: list[int], estimate: int) -> None:
+    def __init__(
+        self,
+        w: Worker,
+        entry: TopicEntry,
+        slots: list[int],
+        estimate: int,
+        hook: str,
+        created_ns: int,
+    ) -> None:
         self.w = w
         self.entry = entry
         self.slots = slots  # home slot per partition, as when the rows were partitioned
+        self.hook = hook  # the fault_hook point after a batch is written (tests)
+        self.created_ns = created_ns  # when its records were first sent (KIP-91)
+        self.used = 0  # buffers written
         self.estimate = estimate  # batches still expected (for Alloc windows)
         self.buffers: list[int] = []  # single buffers in hand
         self.pending: list[tuple[int, int, int, int, int, BatchOutcome, int]] = []
         self.outcomes: list[BatchOutcome] = []
         self.counts: list[int] = []
         self.deadline = time.monotonic_ns() + w._max_block_ns
+
+    def reserve(self, count: int) -> None:
+        """Takes ``count`` single buffers now (BufferExhaustedError after max_block_ms,
+        nothing taken). Runs in: worker, state lock NOT held."""
+        with self.w._lock:
+            self.buffers = self.w._obtain_locked(1, count, self.deadline)
 
     def buffer(self, run: int) -> int:
         w = self.w
@@ -319,13 +344,16 @@ class _Writer:
         buf = self.buffer(run)
         start = geo.buffer(buf)
         mv = w._view[start : start + geo.run_bytes(run)]
+        self.used += run
         try:
+            if A.fault_hook is not None and self.hook == "sealed":  # tests only
+                A.fault_hook("seal", mv, 0)
             try:
                 end = batch.write_into(mv, 0, compression=w._codec, level=w._level)
             except (EncodeError, CompressionError):
                 end = batch.write_into(mv, 0)  # compressed form does not fit: as is
             if A.fault_hook is not None:  # tests only (see worker.append)
-                A.fault_hook("bulk", mv, end)
+                A.fault_hook(self.hook, mv, end)
         except BaseException:
             with w._lock:
                 w._give_back_locked([buf], run)
@@ -346,7 +374,7 @@ class _Writer:
             return
         w = self.w
         msgs = []
-        now = time.monotonic_ns()
+        now = self.created_ns
         with w._lock:
             # Once the producer failed (the I/O thread may have failed every pending
             # outcome and exited), an outcome registered now would never resolve: raise,
@@ -381,44 +409,98 @@ def send_batch(
     timestamps_ms: Any,
     headers: Any,
 ) -> BatchFuture:
-    """See :meth:`Worker.send_batch` and the module docstring. Runs in: worker."""
+    """See :meth:`Worker.send_batch` and the module docstring. Runs in: worker, state
+    lock NOT held (it takes the flush turn: records this process staged with ``send``
+    for the topic are flushed first, so each partition gets them in order)."""
     if type(topic) is not str:
         validate_topic(topic)
     cols = prepare_columns(values, keys, timestamps_ms, headers, time.time_ns() // 1_000_000)
     _check_sizes(w, cols)
-    budget = w._batch_size - HEADER_SIZE
-    with w._lock:
-        w._check_alive()
-        entry = w._topic_locked(topic)
-        parts = _partitions(w, cols, entry, partitions, budget) if cols.n else np.zeros(0, np.int32)
-        slots = entry.slots  # replaced, never changed in place, when the topic changes
     ts_rows: I64 = (
         np.full(cols.n, cols.timestamps, np.int64)
         if isinstance(cols.timestamps, int)
         else cols.timestamps
     )
+    with w._lock:
+        w._check_alive()
+        w._topic_locked(topic)  # unknown topics fail here, before the flush turn
     if cols.n == 0:
-        return BatchFuture(w._done_lock, topic, parts, ts_rows, None, [], [])
+        return BatchFuture(w._done_lock, topic, np.zeros(0, np.int32), ts_rows, None, [], [])
+    created = time.monotonic_ns()
+    w._begin_flush(block=True)
+    try:
+        with w._lock:
+            staged = w._take_stages_locked([topic])
+        for i, stage in enumerate(staged):
+            try:
+                flush_stage(w, stage, keep_when_full=True)
+            except BufferExhaustedError:  # the pool is full: the stage waits, this raises
+                w._restore_stages(staged[i:])
+                raise
+        with w._lock:
+            w._check_alive()
+            entry = w._topic_locked(topic)
+            parts = _partitions(w, cols, entry, partitions, w._batch_size - HEADER_SIZE)
+            slots = entry.slots  # replaced, never changed in place, when the topic changes
+        order, outcomes, counts = _write(w, entry, slots, cols, parts, "bulk", created)
+    finally:
+        w._end_flush()
+    return BatchFuture(w._done_lock, topic, parts, ts_rows, order, outcomes, counts)
+
+
+def _write(
+    w: Worker,
+    entry: TopicEntry,
+    slots: list[int],
+    cols: Columns,
+    parts: I32,
+    hook: str,
+    created_ns: int,
+) -> tuple[npt.NDArray[np.intp] | None, list[BatchOutcome], list[int]]:
+    """Groups rows by partition, encodes whole batches into granted buffers and hands
+    them over; returns (sorted position -> input row, outcome per batch, rows per batch
+    in sorted order). Raises when nothing was handed over; otherwise rows never handed
+    over share one failed outcome at the end. Runs in: worker, holding the flush turn,
+    state lock NOT held."""
+    budget = w._batch_size - HEADER_SIZE
     group = _group(cols, parts)
     approx = int(cols.row_bytes.sum()) + cols.n * (_ROW_OVERHEAD + cols.header_bytes)
-    writer = _Writer(w, entry, slots, -(-approx // budget) + len(group.ranges))
-    with w._lock:
-        w._seal_all_locked([slots[p] for p, _, _ in group.ranges])
+    writer = _Writer(w, entry, slots, -(-approx // budget) + len(group.ranges), hook, created_ns)
+
+    def encoded() -> Iterator[tuple[int, V.EncodedBatch]]:
+        # one encoder call for every partition (no batch crosses a partition's rows):
+        # per call overhead is a few hundred microseconds, per row a few nanoseconds
+        ranges = group.ranges
+        k = 0
+        row = 0
+        for batch in V.iter_encoded_batches(
+            group.values,
+            group.keys,
+            group.timestamps,
+            group.headers,
+            batch_size=w._batch_size,
+            groups=[hi for _, _, hi in ranges],
+        ):
+            while row >= ranges[k][2]:
+                k += 1
+            yield ranges[k][0], batch
+            row += batch.record_count
+
+    todo: Iterable[tuple[int, V.EncodedBatch]] = encoded()
+    geo = w._geo
+    small = max(_ATOMIC_MIN, geo.n_buffers // 8)
+    if writer.estimate <= small:
+        # a few batches: every buffer first (all or nothing, waiting at most
+        # max_block_ms), so a full pool hands nothing over: send() keeps its records
+        # staged and refuses the new one, send_batch raises at the call
+        todo = list(todo)
+        if len(todo) <= small and all(
+            HEADER_SIZE + len(b.records) <= geo.buffer_size for _, b in todo
+        ):
+            writer.reserve(len(todo))
     try:
-        for p, lo, hi in group.ranges:
-            hdrs: Any = group.headers
-            if group.headers is not None and cols.per_row_headers:
-                hdrs = group.headers[lo:hi]
-            ts = group.timestamps if isinstance(group.timestamps, int) else group.timestamps[lo:hi]
-            batches = V.iter_encoded_batches(
-                group.values.slice(lo, hi - lo),
-                None if group.keys is None else group.keys.slice(lo, hi - lo),
-                ts,
-                hdrs,
-                batch_size=w._batch_size,
-            )
-            for batch in batches:
-                writer.write(batch, p)
+        for p, batch in todo:
+            writer.write(batch, p)
         writer.hand_over()
     except BaseException as exc:
         handed = len(writer.outcomes) - len(writer.pending)
@@ -433,11 +515,139 @@ def send_batch(
             raise
         del writer.outcomes[handed:]
         del writer.counts[handed:]
-        rest = BatchOutcome(w._done_lock, topic, -1)  # the rows never handed over
+        rest = BatchOutcome(w._done_lock, entry.name, -1)  # the rows never handed over
         rest.fail(exc)
         writer.outcomes.append(rest)
         writer.counts.append(cols.n - sum(writer.counts))
     writer.give_back()
-    return BatchFuture(
-        w._done_lock, topic, parts, ts_rows, group.order, writer.outcomes, writer.counts
+    with w._lock:
+        if writer.hook != "bulk" or writer.used > 1:
+            w._grow_lease(writer.used)
+        with contextlib.suppress(ShmprodError):
+            w._replenish_locked()
+    return group.order, writer.outcomes, writer.counts
+
+
+# ---------------------------------------------------------------------------------------
+# Staged records (send): one stage at a time, through the same path
+# ---------------------------------------------------------------------------------------
+
+
+def _stage_columns(stage: Stage) -> Columns:
+    values = stage.value_column()
+    keys = stage.key_column()
+    row_bytes: I64 = np.diff(np.frombuffer(stage.value_offsets, dtype=np.int64)).astype(np.int64)
+    if keys is not None:
+        key_bytes = np.diff(np.frombuffer(stage.key_offsets, dtype=np.int64))
+        row_bytes = (row_bytes + key_bytes).astype(np.int64)
+    per_row = stage.headers is not None
+    header_bytes = stage.header_max if per_row else 1
+    return Columns(
+        stage.n,
+        values,
+        keys,
+        stage.timestamp_column(),
+        stage.headers,
+        per_row,
+        header_bytes,
+        row_bytes,
+    )
+
+
+def flush_stage(w: Worker, stage: Stage, *, keep_when_full: bool = False) -> None:
+    """Encodes the records ``send`` staged for one topic and hands them over; resolves
+    the stage's futures (a failure before anything was handed over fails every row).
+    ``keep_when_full``: when the pool has no buffers for it within max_block_ms, raise
+    BufferExhaustedError with the stage untouched (nothing handed over) instead.
+    Runs in: worker, holding the flush turn, state lock NOT held."""
+    try:
+        _flush_stage(w, stage)
+    except BufferExhaustedError:
+        if keep_when_full:
+            raise
+        with w._lock:
+            w._records_failed += stage.n
+            w._publish_locked()
+        stage.fail(
+            BufferExhaustedError(
+                f"no free pool buffer within max_block_ms={w._max_block_ms} for records "
+                "staged since linger_ms ago"
+            )
+        )
+    except ShmprodError as exc:
+        with w._lock:
+            w._records_failed += stage.n
+            w._publish_locked()
+        stage.fail(exc)
+    except BaseException as exc:  # a bug: no future may hang on it
+        stage.fail(ProducerError(f"flushing staged records failed: {exc!r}"))
+        raise
+
+
+def _flush_stage(w: Worker, stage: Stage) -> None:
+    n = stage.n
+    cols = _stage_columns(stage)
+    with w._lock:
+        w._check_alive()
+        entry = w._topic_locked(stage.topic)
+        parts = _partitions(w, cols, entry, None, w._batch_size - HEADER_SIZE)
+        explicit = stage.partition_column()
+        if explicit is not None:
+            parts = np.where(explicit >= 0, explicit, parts).astype(np.int32)
+        slots = entry.slots
+    gone = parts >= len(slots)  # an explicit partition the topic no longer has
+    keep: npt.NDArray[np.intp] | None = None
+    if gone.any():
+        keep = np.flatnonzero(~gone)
+        cols = _take_rows(cols, keep)
+    created = stage.deadline_ns - w._linger_ns
+    if cols.n:
+        order, outcomes, counts = _write(w, entry, slots, cols, parts[~gone], "sealed", created)
+    else:
+        order, outcomes, counts = None, [], []
+    counts_a = np.array(counts, dtype=np.int64)
+    starts = np.cumsum(counts_a) - counts_a
+    sorted_batch = np.repeat(np.arange(len(counts), dtype=np.int32), counts_a)
+    sorted_index = (np.arange(cols.n, dtype=np.int64) - np.repeat(starts, counts_a)).astype(
+        np.int32
+    )
+    if order is not None:
+        row_batch = np.empty(cols.n, np.int32)
+        row_index = np.empty(cols.n, np.int32)
+        row_batch[order] = sorted_batch
+        row_index[order] = sorted_index
+    else:
+        row_batch, row_index = sorted_batch, sorted_index
+    if keep is not None:  # rows of gone partitions: one failed outcome of their own
+        lost = BatchOutcome(w._done_lock, stage.topic, -1)
+        lost.fail(
+            UnknownPartitionError(
+                f"topic {stage.topic!r} has {len(slots)} partitions now: the partition these "
+                "records were sent to no longer exists"
+            )
+        )
+        all_batch = np.full(n, len(outcomes), np.int32)
+        all_index = np.zeros(n, np.int32)
+        all_batch[keep] = row_batch
+        all_index[keep] = row_index
+        outcomes = [*outcomes, lost]
+        row_batch, row_index = all_batch, all_index
+    stage.resolve(outcomes, row_batch, row_index, parts)
+
+
+def _take_rows(cols: Columns, rows: npt.NDArray[np.intp]) -> Columns:
+    idx = pa.array(rows)
+    headers = cols.headers
+    if cols.per_row_headers:
+        assert isinstance(headers, list)
+        headers = [headers[i] for i in rows.tolist()]
+    return Columns(
+        len(rows),
+        cols.values.take(idx),
+        None if cols.keys is None else cols.keys.take(idx),
+        cols.timestamps if isinstance(cols.timestamps, int) else cols.timestamps[rows],
+        headers,
+        cols.per_row_headers,
+        cols.header_bytes,
+        cols.row_bytes[rows],
     )

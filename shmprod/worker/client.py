@@ -5,9 +5,9 @@
 slot); the machinery behind it (state lock, buffers, batches, the I/O thread) is
 :class:`shmprod.worker.core.WorkerCore`.
 
-* :meth:`Worker.send`: one record is checked (nothing written on a bad input),
-  partitioned (explicit, murmur2 of the key, else sticky) and encoded straight into this
-  process's open batch for its partition in shared memory (:mod:`.append`);
+* :meth:`Worker.send`: one record is checked (nothing staged on a bad input) and staged
+  for its topic in process memory; stages are partitioned (explicit, murmur2 of the key,
+  else sticky) and encoded in bulk into shared memory (:mod:`.staging`, :mod:`.bulk`);
 * :meth:`Worker.send_batch`: whole columns, vectorized (:mod:`.bulk`);
 * :meth:`Worker.flush`, :meth:`Worker.close`, :meth:`Worker.stats`; for the owner,
   :meth:`Worker.wait_ready` and :meth:`Worker.shutdown_producer`.
@@ -33,15 +33,14 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Final
 
 from shmprod import ipc
 from shmprod import layout as L
 from shmprod.errors import (
-    EncodeError,
     FlushTimeoutError,
-    InvalidRecordError,
     ProducerClosedError,
     ProducerError,
     ProducerHostError,
@@ -52,23 +51,18 @@ from shmprod.errors import (
 )
 from shmprod.futures import BatchFuture, RecordFuture
 from shmprod.handle import Handle
-from shmprod.partitioner import (
-    NO_PARTITION,
-    PartitionerError,
-    murmur2,
-)
-from shmprod.protocol.records import HEADER_SIZE, encode_record_into, record_size
+from shmprod.protocol.records import HEADER_SIZE, record_size
 from shmprod.shm import Segment, SharedMemoryError
 from shmprod.worker import shmstats
 from shmprod.worker.core import CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
 from shmprod.worker.inputs import (
-    NO_HEADERS,
     as_bytes,
     check_partition,
     check_timestamp,
     encoded_headers,
     serialize,
 )
+from shmprod.worker.staging import Stage
 from shmprod.worker.topics import TopicEntry, validate_topic
 
 __all__ = ["Worker", "attach"]
@@ -79,6 +73,10 @@ log = logging.getLogger(__name__)
 # Largest varint overhead of one record besides key, value and headers: length (5),
 # attributes (1), timestampDelta (10), offsetDelta (5), keyLength (5), valueLength (5).
 _RECORD_OVERHEAD_MAX: Final = 31
+_STAGED_OVERHEAD: Final = 12  # about the varint bytes of a staged record, for sizing
+_STAGE_MAX_BYTES: Final = 8 << 20  # a stage is flushed by this size at the latest
+_STAGED_MAX_BYTES: Final = 32 << 20  # ... and every stage of the process by this total
+_time_ns = time.time_ns
 _HANDSHAKE_MIN_S: Final = 5.0
 _FLUSH_MARGIN_S: Final = 10.0  # flush(None) gives up this long after delivery_timeout_ms
 _RECV_SIZE: Final = 1 << 16
@@ -256,13 +254,14 @@ class Worker(WorkerCore):
         partition: int | None = None,
         timestamp_ms: int | None = None,
     ) -> RecordFuture:
-        """Appends one record to this process's open batch for its partition.
+        """Stages one record for its topic (see :mod:`shmprod.worker.staging`).
 
-        ``value``/``key``: bytes-like or None (or anything the configured serializers
-        take). ``headers``: list of (str, bytes | None) pairs or a dict. ``partition``:
-        explicit, else murmur2 of the key, else sticky. ``timestamp_ms``: None = now.
-        Blocks only for a free buffer or a topic's metadata, at most ``max_block_ms``.
-        Raises a typed error at the call, with nothing written, for bad input.
+        ``value``/``key``: bytes-like, str (UTF-8) or None (or anything the configured
+        serializers take). ``headers``: list of (str, bytes | str | None) pairs or a
+        dict. ``partition``: explicit, else murmur2 of the key, else sticky.
+        ``timestamp_ms``: None = now. Blocks only for a topic's metadata, or to flush
+        when the stage is full, at most ``max_block_ms``. Raises a typed error at the
+        call, with nothing staged, for bad input.
         """
         if self._state or self._fatal is not None:
             self._refuse()
@@ -275,153 +274,146 @@ class Worker(WorkerCore):
                 vb = value if value is None or type(value) is bytes else as_bytes(value, "value")
             else:
                 vb = serialize(self._value_ser, value, "value")
-            hdrs = NO_HEADERS if headers is None else encoded_headers(headers)
-            ts = (
-                time.time_ns() // 1_000_000
-                if timestamp_ms is None
-                else check_timestamp(timestamp_ms)
-            )
+            hlen = 1
+            pairs: list[Any] | None = None
+            if headers is not None:
+                pairs = list(headers.items()) if isinstance(headers, Mapping) else headers
+                hlen = len(encoded_headers(pairs))  # checks them
+                if hlen <= 1:
+                    pairs = None
+            ts = _time_ns() // 1_000_000 if timestamp_ms is None else check_timestamp(timestamp_ms)
             if type(topic) is not str:
                 validate_topic(topic)
-            bound = (
-                (0 if kb is None else len(kb))
-                + (0 if vb is None else len(vb))
-                + len(hdrs)
-                + _RECORD_OVERHEAD_MAX
-            )
-            run = 0
+            klen = 0 if kb is None else len(kb)
+            vlen = 0 if vb is None else len(vb)
+            bound = klen + vlen + hlen + _RECORD_OVERHEAD_MAX
             if bound > self._records_room or bound + HEADER_SIZE > self._max_request_size:
-                run = self._large_run(record_size(0, 0, kb, vb, hdrs))
-            with self._lock:
-                return self._append_locked(topic, kb, vb, hdrs, ts, partition, bound, run)
+                self._check_size(record_size(0, 0, kb, vb, encoded_headers(pairs)))
+            size = klen + vlen + hlen + _STAGED_OVERHEAD
+            if partition is None and pairs is None:
+                # the common case, kept short: a topic with a stage that has room
+                with self._lock:
+                    stages = self._stages.get(topic)
+                    if (
+                        stages is not None
+                        and len(stages) == 1
+                        and (stage := stages[0]).nbytes + size <= stage.limit
+                        and stage.plain
+                    ):
+                        row = stage.n
+                        if vb is None:
+                            stage.add_value_null(row)
+                        else:
+                            stage.values += vb
+                        stage.value_offsets.append(len(stage.values))
+                        if kb is None:
+                            stage.add_key_null(row)
+                        else:
+                            stage.keys += kb
+                        stage.key_offsets.append(len(stage.keys))
+                        stage.timestamps.append(ts)
+                        stage.n = row + 1
+                        stage.nbytes += size
+                        return RecordFuture(stage, row)
+            while True:
+                fut = self._stage_record(topic, kb, vb, pairs, hlen, ts, partition, size)
+                if fut is not None:
+                    return fut
+                # the stage is full: flush it first (a full pool refuses this record:
+                # BufferExhaustedError, with nothing of it staged)
+                self._flush_stages(
+                    [topic] if self._staged_total_locked() + size < _STAGED_MAX_BYTES else None,
+                    keep_when_full=True,
+                )
         except ShmprodError:
             with self._lock:
                 self._send_errors += 1
             raise
 
-    def _large_run(self, size: int) -> int:
-        """0 when a record of ``size`` bytes fits a normal batch, else the buffers of its
-        own run; RecordTooLargeError past max_request_size or the whole pool."""
+    def _stage_record(
+        self,
+        topic: str,
+        kb: Any,
+        vb: Any,
+        pairs: list[Any] | None,
+        hlen: int,
+        ts: int,
+        partition: int | None,
+        size: int,
+    ) -> RecordFuture | None:
+        """Appends one checked record to its topic's stage; None (nothing staged) when
+        the stage must be flushed first. Runs in: worker, takes the state lock."""
+        with self._lock:
+            topics = self._topics
+            entry = topics.entries.get(topic)
+            if entry is None or _EPOCH.unpack_from(self._view, _H_EPOCH)[0] != topics.epoch:
+                entry = self._topic_locked(topic)
+            if self._fatal is not None:
+                self._refuse()
+            p = -1 if partition is None else check_partition(partition, entry.partitions, topic)
+            stages = self._stages.get(topic)
+            if stages is None:
+                stage = self._new_stage_locked(topic, entry)
+            else:
+                stage = stages[-1]
+                if (
+                    len(stages) > 1  # older stages wait for buffers: flush them first
+                    or stage.nbytes + size > stage.limit
+                    or self._staged_total_locked() + size > _STAGED_MAX_BYTES
+                    or (p >= 0 and stage.partition_room(p) < size)
+                ):
+                    return None
+            row = stage.n
+            if p >= 0:
+                stage.set_partition(row, p, size, self._batch_size)
+            elif stage.partitions is not None:
+                stage.pad_partition()
+            if vb is None:
+                stage.add_value_null(row)
+            else:
+                stage.values += vb
+            stage.value_offsets.append(len(stage.values))
+            if kb is None:
+                stage.add_key_null(row)
+            else:
+                stage.keys += kb
+            stage.key_offsets.append(len(stage.keys))
+            stage.timestamps.append(ts)
+            if pairs is not None:
+                stage.set_headers(row, pairs, hlen)
+            elif stage.headers is not None:
+                stage.pad_headers()
+            stage.n = row + 1
+            stage.nbytes += size
+            return RecordFuture(stage, row)
+
+    def _new_stage_locked(self, topic: str, entry: TopicEntry) -> Stage:
+        """A new stage for ``topic``; the I/O thread flushes it ``linger_ms`` from now.
+        It is full at about 7/8 of a batch per partition: keys spread a little unevenly,
+        and a partition that got just over ``batch_size`` would make a second, tiny
+        batch. Runs in: worker, state lock held."""
+        deadline = time.monotonic_ns() + self._linger_ns
+        limit = min(_STAGE_MAX_BYTES, max(1, self._batch_size * entry.partitions * 7 // 8))
+        stage = Stage(topic, deadline, self._done_lock, limit)
+        self._stages[topic] = [stage]
+        if deadline < self._io_deadline_ns:
+            self._io_deadline_ns = deadline
+            self._wake()
+        return stage
+
+    def _check_size(self, size: int) -> None:
+        """RecordTooLargeError for a record of ``size`` bytes that no batch can hold."""
         total = size + HEADER_SIZE
         if total > self._max_request_size:
             raise RecordTooLargeError(
                 f"record of {total} bytes (with batch header) is larger than "
                 f"max_request_size={self._max_request_size}"
             )
-        if size <= self._records_room:
-            return 0
-        run = self._geo.buffers_for(total)
-        if run > self._geo.n_buffers:
+        if self._geo.buffers_for(total) > self._geo.n_buffers:
             raise RecordTooLargeError(
                 f"record of {total} bytes is larger than the whole pool "
                 f"({self._geo.n_buffers} x {self._geo.buffer_size} bytes)"
             )
-        return run
-
-    def _partition_locked(self, entry: TopicEntry, kb: Any, partition: Any, nbytes: int) -> int:
-        n = entry.partitions
-        if partition is not None:
-            return check_partition(partition, n, entry.name)
-        try:
-            if kb is not None and self._murmur:  # Java's default: toPositive(murmur2) % n
-                return (murmur2(kb) & 0x7FFFFFFF) % n
-            if kb is not None or not self._murmur:
-                key = kb if kb is None or type(kb) is bytes else bytes(kb)
-                p = self._partitioner.partition(key, n)
-                if p != NO_PARTITION:
-                    return p
-            return entry.sticky.partition(n, nbytes)
-        except PartitionerError as exc:
-            raise InvalidRecordError(f"partitioner: {exc}") from None
-
-    def _append_locked(
-        self,
-        topic: str,
-        kb: Any,
-        vb: Any,
-        hdrs: bytes,
-        ts: int,
-        partition: int | None,
-        nbytes: int,
-        run: int,
-    ) -> RecordFuture:
-        """Runs in: worker, state lock held (released only while waiting)."""
-        topics = self._topics
-        entry = topics.entries.get(topic)
-        if entry is None or _EPOCH.unpack_from(self._view, _H_EPOCH)[0] != topics.epoch:
-            entry = self._topic_locked(topic)
-        part = self._partition_locked(entry, kb, partition, nbytes)
-        slot = entry.slots[part]
-        if run:
-            return self._append_large_locked(entry, part, slot, kb, vb, hdrs, ts, run)
-        deadline = 0
-        while True:
-            b = self._open.get(slot)
-            if b is not None:
-                count = b.count
-                if not count:
-                    b.base_ts = b.max_ts = ts
-                start = b.pos
-                try:
-                    b.pos = encode_record_into(b.view, start, count, ts - b.base_ts, kb, vb, hdrs)
-                except EncodeError as exc:
-                    if not count:  # cannot happen for a record sized to fit; never seal empty
-                        del self._open[slot]
-                        b.release()
-                        self._stock.append(b.buffer)
-                        raise InvalidRecordError(f"record cannot be encoded: {exc}") from None
-                    self._send_locked(self._seal_locked(b))
-                    if not self._stock and not self._prefetch_rid:
-                        self._prefetch_locked()
-                    continue
-                b.count = count + 1
-                if ts > b.max_ts:
-                    b.max_ts = ts
-                self._records_appended += 1
-                self._bytes_appended += b.pos - start
-                return RecordFuture(b.outcome, count, ts)
-            if self._stock:
-                buf = self._stock.pop()
-            else:
-                if not deadline:
-                    deadline = time.monotonic_ns() + self._max_block_ns
-                buf = self._obtain_locked(1, 1, deadline)[0]
-                if slot in self._open:  # another thread opened one while we waited
-                    self._stock.append(buf)
-                    continue
-            self._open_locked(entry, part, slot, buf, 1, self._batch_size)
-
-    def _append_large_locked(
-        self,
-        entry: TopicEntry,
-        part: int,
-        slot: int,
-        kb: Any,
-        vb: Any,
-        hdrs: bytes,
-        ts: int,
-        run: int,
-    ) -> RecordFuture:
-        """A record larger than batch_size: alone in its own run of adjacent buffers,
-        after the partition's open batch is sealed. Runs in: worker, state lock held."""
-        b = self._open.get(slot)
-        if b is not None:
-            self._send_locked(self._seal_locked(b))
-        deadline = time.monotonic_ns() + self._max_block_ns
-        buf = self._obtain_locked(run, 1, deadline)[0]
-        big = self._new_batch_locked(entry, part, slot, buf, run, self._geo.run_bytes(run))
-        big.base_ts = big.max_ts = ts
-        try:
-            big.pos = encode_record_into(big.view, HEADER_SIZE, 0, 0, kb, vb, hdrs)
-        except BaseException:
-            big.release()
-            self._give_back_locked([buf], run)
-            raise
-        big.count = 1
-        self._records_appended += 1
-        self._bytes_appended += big.pos - HEADER_SIZE
-        self._send_locked(self._seal_locked(big))
-        return RecordFuture(big.outcome, 0, ts)
 
     # ------------------------------------------------------------------------------
     # send_batch, flush, close, stats
@@ -466,12 +458,14 @@ class Worker(WorkerCore):
         if timeout is None:  # a safety net: a live sender answers within delivery_timeout_ms
             timeout = self._config.delivery_timeout_ms / 1000.0 + _FLUSH_MARGIN_S
         deadline = time.monotonic() + timeout
+        if self._state == CLOSED:
+            return
+        if self._fatal is None:
+            with contextlib.suppress(ShmprodError):
+                self._flush_stages()
         with self._lock:
             if self._state == CLOSED:
                 return
-            if self._fatal is None:
-                with contextlib.suppress(SenderDiedError):
-                    self._seal_all_locked()
             target = self._next_batch_id
             self._flush_waiters += 1
             try:
@@ -485,7 +479,6 @@ class Worker(WorkerCore):
                     self._cond.wait(min(left, IO_MAX_SLEEP))
             finally:
                 self._flush_waiters -= 1
-            self._release_stock_locked()
 
     def close(self, timeout: float | None = None) -> None:
         """Flushes (up to ``timeout`` s), says Bye and detaches. The shared producer keeps
@@ -506,12 +499,14 @@ class Worker(WorkerCore):
         self._detach()
 
     def _detach(self) -> None:
+        if self._fatal is None and threading.current_thread() is not self._thread:
+            with contextlib.suppress(ShmprodError):
+                self._flush_stages()
         with self._lock:
             self._state = CLOSED
             self._stop = True
             if self._fatal is None:
                 with contextlib.suppress(SenderDiedError):
-                    self._seal_all_locked()
                     self._release_stock_locked()
                     self._send_msg_locked(ipc.Bye())
             self._cond.notify_all()
@@ -537,10 +532,12 @@ class Worker(WorkerCore):
         if not self._owner:
             raise ProducerError("only the producer's owner may shut the sender down")
         deadline = time.monotonic() + timeout_ms / 1000.0 + 5.0
+        if self._fatal is None and self._state != CLOSED:
+            with contextlib.suppress(ShmprodError):
+                self._flush_stages()
         with self._lock:
             if self._fatal is None and self._state != CLOSED:
                 with contextlib.suppress(SenderDiedError):
-                    self._seal_all_locked()
                     self._send_msg_locked(ipc.Shutdown(timeout_ms))
             while self._fatal is None:
                 left = deadline - time.monotonic()
@@ -575,14 +572,18 @@ class Worker(WorkerCore):
                 raise ProducerClosedError("stats() after close")
             self._publish_locked()
             local = {
-                "open_batches": len(self._open),
+                "staged_records": sum(st.n for sts in self._stages.values() for st in sts),
+                "staged_bytes": self._staged_total_locked(),
                 "pending_batches": len(self._inflight),
                 "stock_buffers": len(self._stock),
             }
         view, geo = self._view, self._geo
+        worker = {**shmstats.read_worker(view, geo, self._slot), **local}
+        sender = shmstats.read_sender_stats(view, geo)
         return {
-            "worker": {**shmstats.read_worker(view, geo, self._slot), **local},
-            "sender": shmstats.read_sender_stats(view, geo),
+            "worker": worker,
+            "sender": sender,
+            "batching": shmstats.batching(worker, sender),
             "pool": shmstats.read_pool(view, geo),
             "topics": shmstats.read_topics(view, geo),
         }

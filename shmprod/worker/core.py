@@ -1,13 +1,14 @@
-"""The worker's machinery: state, buffers, batches and the control-socket I/O thread.
+"""The worker's machinery: state, buffers, stages, flushes and the control-socket I/O thread.
 
 :class:`WorkerCore` holds everything one attachment keeps in its process -- the state
-lock and its Condition, open batches per partition slot, outcomes waiting for ``Done``,
-the stock of granted buffers and the ``Alloc`` requests being waited for -- and runs the
-background I/O thread. :class:`shmprod.worker.client.Worker` builds the public API on
-top of it (attach, send, send_batch, flush, close, stats).
+lock and its Condition, the records ``send`` staged per topic
+(:mod:`shmprod.worker.staging`), outcomes waiting for ``Done``, the lease of granted
+buffers and the ``Alloc`` requests being waited for -- and runs the background I/O
+thread. :class:`shmprod.worker.client.Worker` builds the public API on top of it
+(attach, send, send_batch, flush, close, stats).
 
 The I/O thread selects on the control socket and a wake-up socketpair, with a timeout
-equal to the next linger deadline: it seals batches whose linger expired, receives
+equal to the next linger deadline: it flushes stages whose linger expired, receives
 ``Grant`` / ``TopicInfo`` / ``Done`` / ``Fatal`` / ``Ready``, resolves futures (their
 callbacks run in this thread, never under the state lock), gives idle stock back after
 200 ms, and on EOF (the sender died) fails every pending future with
@@ -15,15 +16,16 @@ callbacks run in this thread, never under the state lock), gives idle stock back
 buffer, a topic), the I/O thread reads the socket itself meanwhile and keeps ``Done``
 messages for after the callback (no nesting).
 
-Buffers: the sender owns every free buffer. A thread that needs one takes it from the
-stock or asks with ``Alloc(request_id, run, count)`` and waits for the ``Grant``, at most
-``max_block_ms`` (then :class:`BufferExhaustedError`); a Grant that arrives after its
-waiter gave up goes to the stock (runs go back with ``Release``). When a batch fills,
-one buffer is requested ahead (prefetch) so the next batch rarely waits.
+Buffers: the sender owns every free buffer. A process keeps a lease (a stock of granted
+buffers) ahead of need, asked for without waiting (:meth:`WorkerCore._replenish_locked`).
+A flush takes buffers from the stock, or asks ``Alloc(request_id, run, count)`` and
+waits for the ``Grant``, at most ``max_block_ms`` (then :class:`BufferExhaustedError`);
+a Grant that arrives after its waiter gave up goes to the stock (runs go back with
+``Release``).
 
-Ordering: records are appended and ``Sealed`` messages sent while holding the state
-lock, so the batches of one partition reach the sender in the order this process
-appended them. Every wait has a timeout.
+Ordering: one flush at a time per process (the flush turn, :meth:`_begin_flush`), and
+``Sealed`` messages are sent under the state lock, so the batches of one partition reach
+the sender in the order this process sent their records. Every wait has a timeout.
 
 Runs in: worker. Shared memory is written only in buffers granted to this worker and in
 its own WORKER slot (one writer each, no cross-process lock); TOPIC, STATS and
@@ -48,6 +50,7 @@ from shmprod import layout as L
 from shmprod.config import ProducerConfig
 from shmprod.errors import (
     BufferExhaustedError,
+    DeliveryTimeoutError,
     ProducerClosedError,
     ProducerError,
     SenderDiedError,
@@ -58,8 +61,8 @@ from shmprod.futures import BatchOutcome, OutcomePiece
 from shmprod.partitioner import Murmur2Partitioner, default_random_source, get_partitioner
 from shmprod.protocol.records import HEADER_SIZE
 from shmprod.shm import Segment
-from shmprod.worker import append as A
 from shmprod.worker import shmstats
+from shmprod.worker.staging import Stage
 from shmprod.worker.topics import TopicEntry, TopicTable
 
 __all__ = ["CLOSED", "CLOSING", "FORKED", "OPEN", "WorkerCore"]
@@ -72,6 +75,9 @@ CLOSED: Final = 2
 FORKED: Final = 3
 
 IDLE_RELEASE_NS: Final = 200_000_000  # give spare buffers back after 200 ms without a batch
+INITIAL_LEASE: Final = 32  # buffers asked for ahead at attach (at most half a fair share)
+LEASE_FLUSHES: Final = 3  # the lease grows to cover this many of the largest flush seen
+FLUSH_WAIT_S: Final = 0.05  # a thread waiting for another's flush looks again this often
 IO_MAX_SLEEP: Final = 1.0
 RECV_SIZE: Final = 1 << 16
 
@@ -120,13 +126,18 @@ class WorkerCore:
         self._max_block_ms = cfg.max_block_ms
         self._max_block_ns = cfg.max_block_ms * 1_000_000
         self._max_request_size = cfg.max_request_size
+        self._delivery_timeout_ns = cfg.delivery_timeout_ms * 1_000_000
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._done_lock = threading.Lock()
-        self._open: dict[int, A.OpenBatch] = {}
+        # topic -> records send() staged, oldest stage first; only the last takes records
+        # (earlier ones are stages a flush could not get buffers for, first in line)
+        self._stages: dict[str, list[Stage]] = {}
+        self._flushing = False  # one flush (or send_batch) at a time: partition order
         self._inflight: dict[int, tuple[BatchOutcome, int]] = {}
         self._stock: list[int] = []
+        self._stock_target = INITIAL_LEASE  # buffers to keep in stock (grows with demand)
         self._requests: dict[int, _Request] = {}
         self._prefetch_rid = 0
         self._request_ids = itertools.count(1)
@@ -150,6 +161,9 @@ class WorkerCore:
         self._send_errors = 0
         self._records_acked = 0
         self._records_failed = 0
+        self._buffer_waits = 0  # times a thread waited for the sender to grant buffers
+        self._buffer_wait_ns = 0
+        self._buffer_waits_pool_free = 0  # ... while at least half the pool was free
 
         self._rand = default_random_source()
 
@@ -164,6 +178,8 @@ class WorkerCore:
         for _, off in shmstats.WORKER_FIELDS:
             L.U64.pack_into(self._view, base + off, 0)
         self._state = OPEN
+        with self._lock, contextlib.suppress(ShmprodError):
+            self._replenish_locked()  # the first lease, before the first flush needs it
         self._thread = threading.Thread(
             target=self._io_main, name=f"shmprod-worker-io-{self._slot}", daemon=True
         )
@@ -214,60 +230,6 @@ class WorkerCore:
     # batches
     # ------------------------------------------------------------------------------
 
-    def _new_batch_locked(
-        self, entry: TopicEntry, partition: int, slot: int, buf: int, run: int, capacity: int
-    ) -> A.OpenBatch:
-        """Starts a batch in granted ``buf``. Runs in: worker, state lock held; the
-        buffer is this worker's alone (granted, not sealed), so shm needs no lock.
-
-        Raises once the producer failed: a wait for the buffer may have ended with the
-        grant and the failure together, after the I/O thread failed every open batch;
-        an outcome made now would never resolve."""
-        self._check_alive()
-        bid = self._next_batch_id
-        self._next_batch_id = bid + 1
-        outcome = BatchOutcome(self._done_lock, entry.name, partition)
-        now = time.monotonic_ns()
-        self._last_open_ns = now
-        return A.open_batch(
-            self._view,
-            self._geo,
-            self._slot,
-            buf,
-            run,
-            capacity,
-            slot,
-            bid,
-            outcome,
-            now,
-            self._linger_ns,
-        )
-
-    def _open_locked(
-        self, entry: TopicEntry, partition: int, slot: int, buf: int, run: int, capacity: int
-    ) -> None:
-        """Makes a new batch the open one of ``slot`` (the partition's home slot); wakes
-        the I/O thread if its linger deadline comes first. Runs in: worker, state lock
-        held."""
-        b = self._new_batch_locked(entry, partition, slot, buf, run, capacity)
-        self._open[slot] = b
-        if b.deadline_ns < self._io_deadline_ns:
-            self._io_deadline_ns = b.deadline_ns
-            self._wake()
-
-    def _seal_locked(self, b: A.OpenBatch) -> bytes:
-        """Seals ``b`` and registers its outcome; returns the ``Sealed`` message to send
-        (the caller sends it under the same lock hold, keeping partition order).
-
-        Runs in: worker, state lock held; ``b``'s buffer is still this worker's alone."""
-        if self._open.get(b.slot) is b:
-            del self._open[b.slot]
-        msg, _length = A.seal(self._view, self._geo, b, self._codec, self._level, self._scratch)
-        self._inflight[b.batch_id] = (b.outcome, b.count)
-        self._batches_sealed += 1
-        self._publish_locked()
-        return ipc.encode(msg)
-
     def _publish_locked(self) -> None:
         """Mirrors this worker's counters into its WORKER slot. Runs in: worker, state
         lock held (the slot has one writer, this worker; readers may see it one update old)."""
@@ -280,18 +242,106 @@ class WorkerCore:
         pack(v, base + L.W_SEND_ERRORS, self._send_errors)
         pack(v, base + L.W_RECORDS_ACKED, self._records_acked)
         pack(v, base + L.W_RECORDS_FAILED, self._records_failed)
+        pack(v, base + L.W_BUFFER_WAITS, self._buffer_waits)
+        pack(v, base + L.W_BUFFER_WAIT_NS, self._buffer_wait_ns)
+        pack(v, base + L.W_BUFFER_WAITS_POOL_FREE, self._buffer_waits_pool_free)
 
-    def _seal_all_locked(self, slots: Sequence[int] | None = None) -> None:
-        """Seals this process's open batches (of ``slots``, or all) and sends them.
+    # ------------------------------------------------------------------------------
+    # flushes: stages and send_batch hand batches over one at a time
+    # ------------------------------------------------------------------------------
 
-        Runs in: worker, state lock held."""
-        todo = (
-            list(self._open.values())
-            if slots is None
-            else [self._open[s] for s in slots if s in self._open]
-        )
-        if todo:
-            self._send_locked(b"".join(self._seal_locked(b) for b in todo))
+    def _begin_flush(self, block: bool) -> bool:
+        """Takes the flush turn: one thread at a time encodes and hands batches over, so
+        batches of a partition reach the sender in the order their records were sent.
+        ``block`` False (the I/O thread, which must keep reading the socket for the
+        flushing thread's grants): False when another thread flushes. Runs in: worker,
+        state lock NOT held."""
+        deadline = time.monotonic() + self._max_block_ms / 1000.0 + IO_MAX_SLEEP
+        with self._lock:
+            while self._flushing:
+                if not block:
+                    return False
+                self._check_alive()
+                if time.monotonic() >= deadline:
+                    raise BufferExhaustedError(
+                        "another thread's flush did not finish within max_block_ms="
+                        f"{self._max_block_ms}"
+                    )
+                self._wait_locked(FLUSH_WAIT_S)
+            self._flushing = True
+            self._last_open_ns = time.monotonic_ns()
+            return True
+
+    def _end_flush(self) -> None:
+        with self._lock:
+            self._flushing = False
+            self._cond.notify_all()
+
+    def _staged_total_locked(self) -> int:
+        """Bytes staged over every topic. State lock held."""
+        return sum(st.nbytes for sts in self._stages.values() for st in sts)
+
+    def _take_stages_locked(self, topics: Sequence[str] | None) -> list[Stage]:
+        """Removes the stages of ``topics`` (None: all) for a flush. State lock held."""
+        names = list(self._stages) if topics is None else [t for t in topics if t in self._stages]
+        out = [st for t in names for st in self._stages.pop(t)]
+        return out
+
+    def _flush_stages(
+        self,
+        topics: Sequence[str] | None = None,
+        *,
+        block: bool = True,
+        keep_when_full: bool = False,
+    ) -> bool:
+        """Encodes and hands over the staged records of ``topics`` (None: all). Returns
+        False when ``block`` is False and another thread was flushing. Errors go to the
+        stages' futures, except: ``keep_when_full`` and no pool buffers within
+        max_block_ms: the stages stay staged, untouched, and BufferExhaustedError is
+        raised (``send`` refuses its record). Runs in: worker, state lock NOT held."""
+        from shmprod.worker import bulk
+
+        if not self._begin_flush(block):
+            return False
+        try:
+            with self._lock:
+                stages = self._take_stages_locked(topics)
+            for i, stage in enumerate(stages):
+                try:
+                    bulk.flush_stage(self, stage, keep_when_full=keep_when_full)  # type: ignore[arg-type]
+                except BufferExhaustedError:
+                    self._restore_stages(stages[i:])
+                    raise
+        finally:
+            self._end_flush()
+        return True
+
+    def _expire_stages(self, stages: list[Stage]) -> None:
+        """Fails staged records older than delivery_timeout_ms (no buffer came for them).
+        Runs in: worker I/O thread, state lock NOT held."""
+        with self._lock:
+            gone = [st for st in stages if st in self._stages.get(st.topic, ())]
+            for st in gone:
+                rest = [other for other in self._stages[st.topic] if other is not st]
+                if rest:
+                    self._stages[st.topic] = rest
+                else:
+                    del self._stages[st.topic]
+                self._records_failed += st.n
+        for st in gone:
+            st.fail(
+                DeliveryTimeoutError(
+                    f"staged {st.n} record(s) for {st.topic!r} got no pool buffer within "
+                    f"delivery_timeout_ms={self._delivery_timeout_ns // 1_000_000}"
+                )
+            )
+
+    def _restore_stages(self, stages: list[Stage]) -> None:
+        """Stages a flush could not get buffers for go back, first in line for their
+        topic, ahead of any stage records went to meanwhile. State lock NOT held."""
+        with self._lock:
+            for stage in reversed(stages):
+                self._stages[stage.topic] = [stage, *self._stages.get(stage.topic, ())]
 
     # ------------------------------------------------------------------------------
     # buffers
@@ -314,6 +364,12 @@ class WorkerCore:
         rid = next(self._request_ids)
         req = _Request(run, need)
         self._requests[rid] = req
+        waited_from = time.monotonic_ns()
+        self._buffer_waits += 1
+        if self._pool_free() * 2 >= self._geo.n_buffers:
+            self._buffer_waits_pool_free += 1  # the stock was short, not the pool
+        if run == 1:
+            self._grow_lease(count)
         try:
             self._send_msg_locked(ipc.Alloc(rid, run, need))
             while len(got) + len(req.buffers) < count:
@@ -339,9 +395,11 @@ class WorkerCore:
                 self._wait_locked(remaining / 1e9)
         except BaseException:
             del self._requests[rid]
+            self._buffer_wait_ns += time.monotonic_ns() - waited_from
             self._give_back_locked(got + req.buffers, run)
             raise
         del self._requests[rid]
+        self._buffer_wait_ns += time.monotonic_ns() - waited_from
         got += req.buffers
         if len(got) > count:
             self._give_back_locked(got[count:], run)
@@ -358,11 +416,42 @@ class WorkerCore:
             with contextlib.suppress(ShmprodError):
                 self._send_msg_locked(ipc.Release(run, tuple(buffers)))
 
-    def _prefetch_locked(self) -> None:
-        """Asks for one buffer ahead of need (the Grant goes to the stock)."""
+    def _pool_free(self) -> int:
+        """Free buffers in the sender's pool (its STATS counter; a moment old)."""
+        free: int = L.U64.unpack_from(self._view, self._geo.stats + L.S_BUFFERS_FREE)[0]
+        return free
+
+    def _fair_share(self) -> int:
+        """The most buffers this process keeps in stock: half the pool split over the
+        attached processes, at least 2."""
+        workers = int(L.U64.unpack_from(self._view, self._geo.stats + L.S_WORKERS_ATTACHED)[0])
+        return max(2, self._geo.n_buffers // (2 * max(1, workers)))
+
+    def _grow_lease(self, flush_buffers: int) -> None:
+        """The lease covers the next few flushes as large as ``flush_buffers``, so one
+        flush never waits for the grant that refills after the one before."""
+        target = max(self._stock_target, LEASE_FLUSHES * flush_buffers)
+        self._stock_target = min(self._fair_share(), target)
+
+    def _replenish_locked(self) -> None:
+        """Keeps a lease of buffers ahead of need, so a flush takes them from the stock
+        and never waits for a round trip to the sender unless the pool is short. Asks
+        (once at a time, without waiting: the Grant goes to the stock) for what the stock
+        lacks of its target, which grows to three times the largest flush seen, capped at
+        a fair share; never more than a quarter of what the pool has free (an ask the pool
+        cannot answer at once would wait at the head of its queue).
+        Runs in: worker, state lock held."""
+        if self._prefetch_rid or self._fatal is not None or self._state != OPEN:
+            return
+        target = min(self._stock_target, self._fair_share())
+        if self._stock_target == INITIAL_LEASE:  # before any flush: half a fair share
+            target = min(target, max(2, self._fair_share() // 2))
+        want = min(target - len(self._stock), self._pool_free() // 4)
+        if want <= 0:
+            return
         rid = next(self._request_ids)
         self._prefetch_rid = rid
-        self._send_msg_locked(ipc.Alloc(rid, 1, 1))
+        self._send_msg_locked(ipc.Alloc(rid, 1, want))
 
     def _on_grant_locked(self, g: ipc.Grant) -> None:
         try:
@@ -511,23 +600,35 @@ class WorkerCore:
             log.warning("unexpected control message %s", type(m).__name__)
 
     def _tick(self, now: int) -> float:
-        """Seals batches whose linger expired, gives idle stock back; returns how long
+        """Flushes stages whose linger expired, gives idle stock back; returns how long
         the I/O thread may sleep. Runs in: worker I/O thread."""
         with self._lock:
             if self._fatal is not None or self._state >= CLOSED:
                 self._io_deadline_ns = now + int(IO_MAX_SLEEP * 1e9)
                 return IO_MAX_SLEEP
-            due = [b for b in self._open.values() if b.deadline_ns <= now]
-            if due:
-                try:
-                    self._seal_all_locked([b.slot for b in due])
-                except SenderDiedError:
-                    return 0.0
+            due = [t for t, sts in self._stages.items() if sts[0].deadline_ns <= now]
+            expired = [
+                st
+                for sts in self._stages.values()
+                for st in sts
+                if now - (st.deadline_ns - self._linger_ns) >= self._delivery_timeout_ns
+            ]
+        if expired:  # the pool stayed full since they were sent (KIP-91)
+            self._expire_stages(expired)
+        if due:
+            try:
+                if not self._flush_stages(due, block=False, keep_when_full=True):
+                    return FLUSH_WAIT_S  # a thread is flushing: look again soon
+            except BufferExhaustedError:
+                return FLUSH_WAIT_S  # the pool is full: they wait, up to delivery_timeout_ms
+            except ShmprodError:
+                return 0.0
+        with self._lock:
             nxt = now + int(IO_MAX_SLEEP * 1e9)
-            for b in self._open.values():
-                if b.deadline_ns < nxt:
-                    nxt = b.deadline_ns
-            if self._stock and not self._open and not self._requests:
+            for sts in self._stages.values():
+                if sts[0].deadline_ns < nxt:
+                    nxt = sts[0].deadline_ns
+            if self._stock and not self._stages and not self._requests and not self._flushing:
                 idle_at = self._last_open_ns + IDLE_RELEASE_NS
                 if idle_at <= now:
                     self._release_stock_locked()
@@ -599,20 +700,19 @@ class WorkerCore:
             if self._fatal is None:
                 self._fatal = (code, message)
             code, message = self._fatal
-            outcomes = [(b.outcome, b.count) for b in self._open.values()]
-            for b in self._open.values():
-                b.release()
-            self._open.clear()
-            outcomes += self._inflight.values()
+            stages = self._take_stages_locked(None)
+            outcomes = list(self._inflight.values())
             self._stock.clear()
             self._topics.forget_pending()
             self._cond.notify_all()
-        if outcomes:
+        if outcomes or stages:
             error = error_from_code(code, message)
+            for stage in stages:
+                stage.fail(error)
             for outcome, _ in outcomes:
                 outcome.fail(error)
             with self._lock:
-                self._records_failed += sum(n for _, n in outcomes)
+                self._records_failed += sum(n for _, n in outcomes) + sum(st.n for st in stages)
                 self._inflight.clear()
                 with contextlib.suppress(ValueError):
                     self._publish_locked()

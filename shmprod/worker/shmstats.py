@@ -16,7 +16,14 @@ import numpy as np
 
 from shmprod import layout as L
 
-__all__ = ["WORKER_FIELDS", "read_pool", "read_sender_stats", "read_topics", "read_worker"]
+__all__ = [
+    "WORKER_FIELDS",
+    "batching",
+    "read_pool",
+    "read_sender_stats",
+    "read_topics",
+    "read_worker",
+]
 
 WORKER_FIELDS = (
     ("records_appended", L.W_RECORDS_APPENDED),
@@ -25,6 +32,9 @@ WORKER_FIELDS = (
     ("send_errors", L.W_SEND_ERRORS),
     ("records_acked", L.W_RECORDS_ACKED),
     ("records_failed", L.W_RECORDS_FAILED),
+    ("buffer_waits", L.W_BUFFER_WAITS),
+    ("buffer_wait_ns", L.W_BUFFER_WAIT_NS),
+    ("buffer_waits_pool_half_free", L.W_BUFFER_WAITS_POOL_FREE),
 )
 
 _BUF_STATES = ("free", "granted", "open", "sealed", "in_flight", "cont")
@@ -95,3 +105,22 @@ def read_topics(seg: memoryview, geo: L.Geometry) -> dict[str, dict[str, list[in
             "records_sent": longs[:, L.P_RECORDS_SENT // 8].tolist(),
         }
     return out
+
+
+def batching(worker: dict[str, Any], sender: dict[str, Any]) -> dict[str, float]:
+    """How well records are batched, to spot a degenerate pattern at a glance: records
+    per batch (this process, and the whole producer), batches per produce request, and
+    how often and how long this process waited for the sender to grant buffers (it
+    should not while the pool has room: ``buffer_waits_pool_half_free``)."""
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 2) if b else 0.0
+
+    return {
+        "records_per_batch": ratio(worker["records_appended"], worker["batches_sealed"]),
+        "producer_records_per_batch": ratio(sender["records_sent"], sender["batches_sent"]),
+        "batches_per_request": ratio(sender["batches_requested"], sender["requests_sent"]),
+        "buffer_waits": worker["buffer_waits"],
+        "buffer_wait_ms": round(worker["buffer_wait_ns"] / 1e6, 3),
+        "buffer_waits_pool_half_free": worker["buffer_waits_pool_half_free"],
+    }

@@ -1,0 +1,255 @@
+"""Records sent one at a time, staged per topic and encoded in bulk.
+
+``send()`` does the least it can per record: check the input, append the key and value
+bytes to this process's :class:`Stage` of the topic (two ``bytearray`` extends and a few
+``array`` appends: no encoding, no partitioning, no shared memory), and return a
+:class:`~shmprod.futures.RecordFuture` that names the stage and the row. A stage is flushed -- encoded as
+whole Kafka batches by the same vectorized path as ``send_batch`` (murmur2 of every key
+at once, one stable sort by partition, numpy varints, straight into granted buffers) and
+handed to the sender -- when:
+
+* it holds about ``batch_size`` bytes per partition of the topic (every partition's batch
+  would be full if keys spread evenly), or ``batch_size`` bytes for one explicit
+  partition, in the thread that filled it;
+* its first record is ``linger_ms`` old: the worker's I/O thread flushes it, so linger
+  holds when the caller stops sending;
+* the process calls ``flush``/``close``, or ``send_batch`` to the same topic (records of
+  a process reach each partition in the order it sent them).
+
+Why (measured, ARCHITECTURE.md "The per-record path"): appending each record into a
+shared-memory batch of its partition cost 7-14 us of Python per record (murmur2 and the
+varint header in Python), and every new batch waited for a buffer from the sender; the
+staged path costs about a microsecond per record plus a fraction in the bulk encoder.
+
+Runs in: worker. A stage is process-local memory, changed only under the Worker's state
+lock; it becomes immutable once taken for a flush.
+"""
+
+from __future__ import annotations
+
+import array
+import threading
+from collections.abc import Callable
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from shmprod.futures import BatchOutcome, RecordFuture, _call
+from shmprod.protocol.records import Header
+
+__all__ = ["Stage"]
+
+_EMPTY_OFFSETS: Final = (0,)
+
+
+class Stage:
+    """The staged records of one topic in one process (see the module docstring)."""
+
+    __slots__ = (
+        "_callbacks",
+        "_event",
+        "_lock",
+        "batch_size",
+        "deadline_ns",
+        "error",
+        "flushed",
+        "header_max",
+        "headers",
+        "key_nulls",
+        "key_offsets",
+        "keys",
+        "limit",
+        "n",
+        "nbytes",
+        "outcomes",
+        "partition_bytes",
+        "partitions",
+        "plain",
+        "row_batch",
+        "row_index",
+        "row_partition",
+        "timestamps",
+        "topic",
+        "value_nulls",
+        "value_offsets",
+        "values",
+    )
+
+    def __init__(
+        self, topic: str, deadline_ns: int, lock: threading.Lock, limit: int = 1 << 62
+    ) -> None:
+        self.topic = topic
+        self.deadline_ns = deadline_ns
+        self.limit = limit  # staged bytes at which it is flushed
+        self._lock = lock  # the Worker's done lock (futures' lock)
+        self.values = bytearray()
+        self.value_offsets = array.array("q", _EMPTY_OFFSETS)
+        self.keys = bytearray()
+        self.key_offsets = array.array("q", _EMPTY_OFFSETS)
+        self.timestamps = array.array("q")
+        self.value_nulls: list[int] | None = None
+        self.key_nulls: list[int] | None = None
+        self.partitions: array.array[int] | None = None  # explicit partition per row, -1 none
+        self.partition_bytes: dict[int, int] | None = None  # staged bytes per explicit one
+        self.batch_size = 0
+        self.headers: list[list[Header]] | None = None  # per row, when any row has headers
+        self.header_max = 1  # largest encoded headers section of a row
+        self.n = 0
+        self.nbytes = 0  # key + value + header bytes staged
+        self.plain = True  # no row has an explicit partition or headers (the fast path)
+        # set once flushed (or failed before anything was handed over)
+        self.flushed = False
+        self.error: BaseException | None = None
+        self.outcomes: list[BatchOutcome] = []
+        self.row_batch: npt.NDArray[np.int32] | None = None
+        self.row_index: npt.NDArray[np.int32] | None = None
+        self.row_partition: npt.NDArray[np.int32] | None = None
+        self._event: threading.Event | None = None
+        self._callbacks: list[tuple[int, Callable[[RecordFuture], object], RecordFuture]] = []
+
+    # -- appending (worker, state lock held) -------------------------------------------
+
+    def add_value_null(self, row: int) -> None:
+        if self.value_nulls is None:
+            self.value_nulls = []
+        self.value_nulls.append(row)
+
+    def add_key_null(self, row: int) -> None:
+        if self.key_nulls is None:
+            self.key_nulls = []
+        self.key_nulls.append(row)
+
+    def set_partition(self, row: int, partition: int, nbytes: int, batch_size: int) -> None:
+        """Row ``row`` goes to ``partition`` (explicit); counts its bytes against the
+        partition's batch (:meth:`partition_room`)."""
+        if self.partitions is None:
+            self.partitions = array.array("i", [-1]) * row
+            self.partition_bytes = {}
+            self.batch_size = batch_size
+            self.plain = False
+        assert self.partition_bytes is not None
+        self.partitions.append(partition)
+        self.partition_bytes[partition] = self.partition_bytes.get(partition, 0) + nbytes
+
+    def partition_room(self, partition: int) -> int:
+        """Bytes an explicit partition's batch still takes before it is full."""
+        if self.partition_bytes is None:
+            return 1 << 62
+        used = self.partition_bytes.get(partition, 0)
+        return (1 << 62) if used == 0 else self.batch_size - used
+
+    def pad_partition(self) -> None:
+        """Called for a row without an explicit partition once some row had one."""
+        if self.partitions is not None:
+            self.partitions.append(-1)
+
+    def set_headers(self, row: int, headers: list[Header], encoded_size: int) -> None:
+        if self.headers is None:
+            self.headers = [[] for _ in range(row)]
+            self.plain = False
+        self.headers.append(headers)
+        self.header_max = max(self.header_max, encoded_size)
+
+    def pad_headers(self) -> None:
+        if self.headers is not None:
+            self.headers.append([])
+
+    # -- columns (worker, the stage taken for a flush) ---------------------------------
+
+    def value_column(self) -> pa.Array:
+        return _column(self.values, self.value_offsets, self.value_nulls, self.n)
+
+    def key_column(self) -> pa.Array | None:
+        if self.key_nulls is not None and len(self.key_nulls) == self.n:
+            return None  # no row has a key
+        return _column(self.keys, self.key_offsets, self.key_nulls, self.n)
+
+    def timestamp_column(self) -> npt.NDArray[np.int64]:
+        return np.frombuffer(self.timestamps, dtype=np.int64) if self.n else np.zeros(0, np.int64)
+
+    def partition_column(self) -> npt.NDArray[np.int32] | None:
+        if self.partitions is None:
+            return None
+        return np.frombuffer(self.partitions, dtype=np.int32)
+
+    # -- resolving (worker, the flushing thread) ---------------------------------------
+
+    def resolve(
+        self,
+        outcomes: list[BatchOutcome],
+        row_batch: npt.NDArray[np.int32],
+        row_index: npt.NDArray[np.int32],
+        row_partition: npt.NDArray[np.int32],
+    ) -> None:
+        """The stage was flushed: row ``r`` is record ``row_index[r]`` of the batch whose
+        outcome is ``outcomes[row_batch[r]]``. Wakes waiters; attaches callbacks."""
+        self.outcomes = outcomes
+        self.row_batch = row_batch
+        self.row_index = row_index
+        self.row_partition = row_partition
+        self._finish()
+
+    def fail(self, error: BaseException) -> None:
+        """Nothing of the stage was handed over: every row fails with ``error``."""
+        if self.flushed:
+            return
+        self.error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            self.flushed = True
+            event, callbacks = self._event, self._callbacks
+            self._callbacks = []
+        if event is not None:
+            event.set()
+        for row, fn, fut in callbacks:
+            self._attach(row, fn, fut)
+
+    def _attach(self, row: int, fn: Callable[[RecordFuture], object], fut: RecordFuture) -> None:
+        if self.error is not None:
+            _call(fn, fut)
+            return
+        assert self.row_batch is not None
+        self.outcomes[int(self.row_batch[row])].add_listener(lambda _o: fn(fut))
+
+    def wait_flushed(self, timeout: float | None) -> bool:
+        if self.flushed:
+            return True
+        with self._lock:
+            if self.flushed:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        return event.wait(timeout)
+
+    def add_callback(
+        self, row: int, fn: Callable[[RecordFuture], object], fut: RecordFuture
+    ) -> None:
+        with self._lock:
+            if not self.flushed:
+                self._callbacks.append((row, fn, fut))
+                return
+        self._attach(row, fn, fut)
+
+
+def _column(
+    data: bytearray, offsets: array.array[int], nulls: list[int] | None, n: int
+) -> pa.Array:
+    """A large_binary Arrow array over the staged bytes and offsets (no copy)."""
+    validity = None
+    null_count = 0
+    if nulls:
+        valid = np.ones(n, dtype=bool)
+        valid[nulls] = False
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        null_count = len(nulls)
+    return pa.Array.from_buffers(
+        pa.large_binary(),
+        n,
+        [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+        null_count=null_count,
+    )

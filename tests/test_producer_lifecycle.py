@@ -288,3 +288,36 @@ def test_attach_elsewhere_names_the_host(broker: EmbeddedBroker) -> None:
         elsewhere = dataclasses.replace(gone, host="another-host")
         with pytest.raises(ProducerHostError, match=r"'another-host'.*host-local"):
             attach(elsewhere)
+
+
+_MANY_FDS = """
+import os, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # push new fds past 1024
+from shmprod import Producer
+with Producer(bootstrap_servers=sys.argv[1]) as p:
+    md = p.send(sys.argv[2], b"from a process with many files", partition=0).result(30)
+    assert p._worker()._sock.fileno() > 1024
+print("offset", md.offset)
+"""
+
+
+def test_a_process_with_descriptors_past_1024_can_send(
+    broker: EmbeddedBroker, topic_name: str
+) -> None:
+    """Servers and Spark executors often hold more than 1024 files: nothing may use
+    select() (FD_SETSIZE), or every send fails with 'filedescriptor out of range'."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048:
+        pytest.skip("the hard limit of open files is below 2048 here")
+    broker.create_topic(topic_name, 1)
+    out = subprocess.run(
+        [sys.executable, "-c", _MANY_FDS, broker.bootstrap, topic_name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "offset 0" in out.stdout

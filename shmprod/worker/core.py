@@ -507,6 +507,11 @@ class WorkerCore:
     def _io_main(self) -> None:
         """Runs in: the worker's I/O thread (one per Worker)."""
         sock, wake = self._sock, self._wake_r
+        # poll, not select: a process may hold descriptors numbered past FD_SETSIZE (1024)
+        poller = select.poll()
+        sock_fd, wake_fd = sock.fileno(), wake.fileno()
+        poller.register(sock_fd, select.POLLIN)
+        poller.register(wake_fd, select.POLLIN)
         try:
             self._deferred.extend(self._early)
             self._early = []
@@ -519,15 +524,15 @@ class WorkerCore:
                     return
                 timeout = self._tick(time.monotonic_ns())
                 try:
-                    ready, _, _ = select.select([sock, wake], [], [], timeout)
+                    ready = {fd for fd, _ in poller.poll(timeout * 1000.0)}
                 except (OSError, ValueError):
                     if self._stop:
                         return
                     raise
-                if wake in ready:
+                if wake_fd in ready:
                     with contextlib.suppress(OSError):
                         wake.recv(4096)
-                if sock in ready:
+                if sock_fd in ready:
                     self._receive()
         except BaseException as exc:
             log.exception("shmprod worker I/O thread failed")
@@ -567,8 +572,9 @@ class WorkerCore:
         if not self._eof:
             self._lock.release()
             try:
-                ready, _, _ = select.select([self._sock], [], [], max(0.0, timeout))
-                if ready:
+                poller = select.poll()
+                poller.register(self._sock.fileno(), select.POLLIN)
+                if poller.poll(max(0.0, timeout) * 1000.0):
                     self._receive()
             finally:
                 self._lock.acquire()

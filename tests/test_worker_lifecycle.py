@@ -52,7 +52,7 @@ def test_flush_waits_and_times_out() -> None:
         with pytest.raises(FlushTimeoutError):
             w.flush(0.2)
         assert 0.15 < time.monotonic() - t0 < 3
-        assert len(fake.landed) == 4  # flush sealed every open batch at once
+        assert fake.wait_for(lambda: len(fake.landed) == 4)  # flush handed every batch over
         fake.release_held()
         w.flush(5)
         assert all(f.done() and f.exception(0) is None for f in futs)
@@ -264,3 +264,28 @@ def test_dying_worker_leaves_buffers_to_reclaim() -> None:
         assert p.exitcode == 0
         assert fake.wait_for(lambda: fake.deaths == 1 and fake.reclaimed >= 1)
         assert not fake.landed
+
+
+def test_a_dropped_worker_is_freed_when_it_is_garbage() -> None:
+    """A Worker dropped without close() must not keep its thread, sockets, mapping and
+    worker slot for good: 300 attach-and-drop rounds (more than max_workers) all work,
+    and the sender sees each leave. One that still has records to deliver lives until
+    they are delivered (its I/O thread holds it while it is busy), then goes too."""
+    import gc
+
+    with FakeSender(linger_ms=200) as fake:
+        threads_before = threading.active_count()
+        pending = None
+        for i in range(300):
+            w = attach(fake.handle)
+            if i == 0:
+                pending = w.send("events", b"staged, then dropped", partition=0)
+            del w
+            gc.collect()
+        assert pending is not None and pending.result(5).offset == 0
+        gc.collect()
+        assert fake.wait_for(lambda: fake.byes == 300 and not fake.conns, 10), (fake.byes,)
+        deadline = time.monotonic() + 5
+        while threading.active_count() > threads_before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert threading.active_count() <= threads_before

@@ -390,6 +390,7 @@ class _Writer:
                 w._batches_sealed += 1
                 msgs.append(ipc.encode(ipc.Sealed(buf, run, slot, bid, length, count)))
             self.pending.clear()
+            w._mark_busy_locked()
             w._publish_locked()
             w._send_locked(b"".join(msgs))
 

@@ -54,7 +54,7 @@ from shmprod.handle import Handle
 from shmprod.protocol.records import HEADER_SIZE, record_size
 from shmprod.shm import Segment, SharedMemoryError
 from shmprod.worker import shmstats
-from shmprod.worker.core import CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
+from shmprod.worker.core import _BUSY, CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
 from shmprod.worker.inputs import (
     as_bytes,
     check_partition,
@@ -396,6 +396,7 @@ class Worker(WorkerCore):
         limit = min(_STAGE_MAX_BYTES, max(1, self._batch_size * entry.partitions * 7 // 8))
         stage = Stage(topic, deadline, self._done_lock, limit)
         self._stages[topic] = [stage]
+        self._mark_busy_locked()
         if deadline < self._io_deadline_ns:
             self._io_deadline_ns = deadline
             self._wake()
@@ -499,6 +500,7 @@ class Worker(WorkerCore):
         self._detach()
 
     def _detach(self) -> None:
+        self._finalizer.detach()  # closed by hand: nothing left for the garbage collector
         if self._fatal is None and threading.current_thread() is not self._thread:
             with contextlib.suppress(ShmprodError):
                 self._flush_stages()
@@ -517,6 +519,7 @@ class Worker(WorkerCore):
             self._fatal = (ProducerClosedError.code, "the worker closed before the outcome arrived")
         self._fail_everything(*self._fatal)
         _LIVE.discard(self)
+        _BUSY.discard(self)
         for s in (self._sock, self._wake_r, self._wake_w):
             s.close()
         try:

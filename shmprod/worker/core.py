@@ -42,6 +42,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Final
 
@@ -78,6 +79,10 @@ IDLE_RELEASE_NS: Final = 200_000_000  # give spare buffers back after 200 ms wit
 INITIAL_LEASE: Final = 32  # buffers asked for ahead at attach (at most half a fair share)
 LEASE_FLUSHES: Final = 3  # the lease grows to cover this many of the largest flush seen
 FLUSH_WAIT_S: Final = 0.05  # a thread waiting for another's flush looks again this often
+
+# Workers with records staged or batches pending, held here so that one its process
+# dropped without close() still delivers them; the I/O thread takes it out once idle.
+_BUSY: set[WorkerCore] = set()
 IO_MAX_SLEEP: Final = 1.0
 RECV_SIZE: Final = 1 << 16
 
@@ -181,7 +186,21 @@ class WorkerCore:
         with self._lock, contextlib.suppress(ShmprodError):
             self._replenish_locked()  # the first lease, before the first flush needs it
         self._thread = threading.Thread(
-            target=self._io_main, name=f"shmprod-worker-io-{self._slot}", daemon=True
+            target=_io_loop,
+            args=(weakref.ref(self),),
+            name=f"shmprod-worker-io-{self._slot}",
+            daemon=True,
+        )
+        # A Worker dropped without close() is freed when it is garbage: the I/O thread
+        # holds it only weakly, and this releases what it held (see _release).
+        self._finalizer = weakref.finalize(
+            self,
+            _release,
+            self._sock,
+            (self._wake_r, self._wake_w),
+            self._seg,
+            self._stages,
+            self._inflight,
         )
         self._thread.start()
 
@@ -280,6 +299,11 @@ class WorkerCore:
     def _staged_total_locked(self) -> int:
         """Bytes staged over every topic. State lock held."""
         return sum(st.nbytes for sts in self._stages.values() for st in sts)
+
+    def _mark_busy_locked(self) -> None:
+        """Keeps this Worker alive until what it holds is delivered (see _BUSY). State
+        lock held."""
+        _BUSY.add(self)
 
     def _take_stages_locked(self, topics: Sequence[str] | None) -> list[Stage]:
         """Removes the stages of ``topics`` (None: all) for a flush. State lock held."""
@@ -505,38 +529,8 @@ class WorkerCore:
     # ------------------------------------------------------------------------------
 
     def _io_main(self) -> None:
-        """Runs in: the worker's I/O thread (one per Worker)."""
-        sock, wake = self._sock, self._wake_r
-        # poll, not select: a process may hold descriptors numbered past FD_SETSIZE (1024)
-        poller = select.poll()
-        sock_fd, wake_fd = sock.fileno(), wake.fileno()
-        poller.register(sock_fd, select.POLLIN)
-        poller.register(wake_fd, select.POLLIN)
-        try:
-            self._deferred.extend(self._early)
-            self._early = []
-            while not self._stop:
-                if self._deferred:
-                    self._handle()
-                if self._eof:
-                    if not self._stop:
-                        self._fail_everything(SenderDiedError.code, self._eof_message)
-                    return
-                timeout = self._tick(time.monotonic_ns())
-                try:
-                    ready = {fd for fd, _ in poller.poll(timeout * 1000.0)}
-                except (OSError, ValueError):
-                    if self._stop:
-                        return
-                    raise
-                if wake_fd in ready:
-                    with contextlib.suppress(OSError):
-                        wake.recv(4096)
-                if sock_fd in ready:
-                    self._receive()
-        except BaseException as exc:
-            log.exception("shmprod worker I/O thread failed")
-            self._fail_everything(ProducerError.code, f"the worker's I/O thread failed: {exc!r}")
+        """Runs in: the worker's I/O thread (one per Worker). See :func:`_io_loop`."""
+        _io_loop(weakref.ref(self))
 
     def _receive(self) -> None:
         """Reads what the control socket has into ``_deferred``; notes EOF in ``_eof``.
@@ -708,6 +702,7 @@ class WorkerCore:
             code, message = self._fatal
             stages = self._take_stages_locked(None)
             outcomes = list(self._inflight.values())
+            _BUSY.discard(self)  # everything pending fails now
             self._stock.clear()
             self._topics.forget_pending()
             self._cond.notify_all()
@@ -737,3 +732,83 @@ def _outcome_pieces(m: ipc.DoneSplit) -> tuple[OutcomePiece, ...]:
         )
         for p in m.pieces
     )
+
+
+def _io_loop(ref: weakref.ref[WorkerCore]) -> None:
+    """The I/O thread's loop (see the module docstring). It holds its Worker weakly,
+    never while it sleeps in ``poll``. A Worker with records staged or batches pending
+    is kept alive by :data:`_BUSY`: one its process dropped without ``close()`` delivers
+    what it had, then becomes garbage, and its finalizer (:func:`_release`) detaches it.
+
+    Runs in: the worker's I/O thread (one per Worker).
+    """
+    w = ref()
+    if w is None:
+        return
+    sock, wake = w._sock, w._wake_r
+    # poll, not select: a process may hold descriptors numbered past FD_SETSIZE (1024)
+    poller = select.poll()
+    sock_fd, wake_fd = sock.fileno(), wake.fileno()
+    poller.register(sock_fd, select.POLLIN)
+    poller.register(wake_fd, select.POLLIN)
+    try:
+        w._deferred.extend(w._early)
+        w._early = []
+        while not w._stop:
+            if w._deferred:
+                w._handle()
+            if w._eof:
+                if not w._stop:
+                    w._fail_everything(SenderDiedError.code, w._eof_message)
+                return
+            timeout = w._tick(time.monotonic_ns())
+            with w._lock:
+                if not (w._stages or w._inflight or w._flushing):
+                    _BUSY.discard(w)  # nothing to deliver: the process may drop it now
+            del w  # not held while asleep
+            try:
+                ready = {fd for fd, _ in poller.poll(timeout * 1000.0)}
+            except (OSError, ValueError):
+                ready = set()
+            w = ref()
+            if w is None or w._stop:
+                return
+            if wake_fd in ready:
+                with contextlib.suppress(OSError):
+                    wake.recv(4096)
+            if sock_fd in ready:
+                w._receive()
+    except BaseException as exc:
+        w = ref()
+        if w is not None:
+            log.exception("shmprod worker I/O thread failed")
+            w._fail_everything(ProducerError.code, f"the worker's I/O thread failed: {exc!r}")
+
+
+def _release(
+    sock: socket.socket,
+    wakes: tuple[socket.socket, socket.socket],
+    seg: Segment,
+    stages: dict[str, list[Stage]],
+    inflight: dict[int, tuple[BatchOutcome, int]],
+) -> None:
+    """A Worker became garbage without ``close()``: its pending futures fail, it says
+    ``Bye`` (the sender frees its slot and takes its buffers back), and its sockets and
+    mapping close; its I/O thread then ends on its own. Runs in: whichever thread drops
+    the last reference (or at exit); never touches the Worker itself."""
+    error = ProducerClosedError(
+        "the Worker was garbage-collected without close(): call close() (or use it as a "
+        "context manager) to deliver what it staged"
+    )
+    for sts in list(stages.values()):
+        for st in sts:
+            st.fail(error)
+    for outcome, _ in list(inflight.values()):
+        outcome.fail(error)
+    with contextlib.suppress(OSError):
+        sock.sendall(ipc.encode(ipc.Bye()))
+    for s in (sock, *wakes):
+        with contextlib.suppress(OSError):
+            s.close()
+    with contextlib.suppress(BufferError, OSError):
+        seg.close()

@@ -45,6 +45,7 @@ talk to brokers.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import ssl
 from collections.abc import Callable, Mapping
@@ -180,7 +181,7 @@ class ProducerConfig:
                 raise ConfigError(f"option names are strings, got {raw!r}")
             name = JAVA_NAMES.get(raw, raw.replace(".", "_"))
             if name not in names:
-                raise ConfigError(f"unknown producer option {raw!r}")
+                raise unknown_option(raw)
             if name in kwargs:
                 raise ConfigError(f"option {raw!r} given twice (as {name!r})")
             if raw == "ssl.endpoint.identification.algorithm":
@@ -189,6 +190,16 @@ class ProducerConfig:
                 value = value not in ("", None)
             kwargs[name] = value
         return cls(**kwargs)
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> ProducerConfig:
+        """``ProducerConfig(**options)``, but a misspelled option is a ConfigError that
+        names it and the closest valid names, not the dataclass's TypeError."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        for raw in options:
+            if raw not in names:
+                raise unknown_option(raw)
+        return cls(**options)
 
     def to_wire(self) -> dict[str, Any]:
         """The plain-data options the sender needs (no callables), for its command line."""
@@ -206,6 +217,14 @@ class ProducerConfig:
             if out[name] is not None:
                 out[name] = REDACTED
         return out
+
+
+def unknown_option(raw: str) -> ConfigError:
+    """The error for an option name nobody knows, with the closest valid names."""
+    known = sorted({f.name for f in dataclasses.fields(ProducerConfig)} | set(JAVA_NAMES))
+    close = difflib.get_close_matches(raw, known, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return ConfigError(f"unknown producer option {raw!r}{hint}")
 
 
 JAVA_NAMES: dict[str, str] = {

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +46,49 @@ class Handle:
 
     def __repr__(self) -> str:  # never print the secret
         return f"Handle(segment={self.segment!r}, socket_path={self.socket_path!r}, owner_pid={self.owner_pid})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as its fields; a serializer or partitioner that cannot travel raises a
+        TypeError naming the option instead of pickle's attribute-lookup message."""
+        for option in ("key_serializer", "value_serializer", "partitioner"):
+            _check_picklable(option, getattr(self, option))
+        return (
+            Handle,
+            (
+                self.segment,
+                self.socket_path,
+                self.secret,
+                self.owner_pid,
+                self.config,
+                self.key_serializer,
+                self.value_serializer,
+                self.partitioner,
+                self.host,
+            ),
+        )
+
+
+def _check_picklable(option: str, fn: Any) -> None:
+    """TypeError unless ``fn`` pickles (with dill too, where the process imported it:
+    the ``multiprocess`` package pickles with dill)."""
+    if fn is None:
+        return
+    try:
+        pickle.dumps(fn)
+        return
+    except Exception as exc:
+        error: Exception = exc
+    dill = sys.modules.get("dill")
+    if dill is not None:
+        with contextlib.suppress(Exception):
+            dill.dumps(fn)
+            return
+    raise TypeError(
+        f"the handle carries {option}={fn!r} to the processes that attach, so it must "
+        f"pickle: use a function or class defined at the top level of an importable "
+        f"module (not a lambda, a nested function or one defined in __main__ of a spawn "
+        f"child), or serialize in your own code ({type(error).__name__}: {error})"
+    ) from None
 
 
 @dataclass(frozen=True)

@@ -102,12 +102,19 @@ class Producer:
                 if isinstance(bootstrap_servers, str)
                 else ",".join(bootstrap_servers)
             )
-        self.config = ProducerConfig(**options)
+        self.config = ProducerConfig.from_keywords(**options)
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._closed = False
         self._workers: dict[int, Worker] = {}
         self._start()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a Producer cannot be pickled (it owns the sender process, sockets and locks): "
+            "pass producer.handle to the other process and call shmprod.attach(handle) "
+            "there; the Worker it returns has the same send/send_batch/flush"
+        )
 
     @classmethod
     def from_config(cls, options: Mapping[str, Any]) -> Producer:

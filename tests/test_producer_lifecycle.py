@@ -321,3 +321,31 @@ def test_a_process_with_descriptors_past_1024_can_send(
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "offset 0" in out.stdout
+
+
+def test_a_misspelled_option_is_a_config_error_with_the_closest_name() -> None:
+    with pytest.raises(ConfigError, match=r"compresion_type.*compression_type"):
+        Producer(bootstrap_servers="127.0.0.1:1", compresion_type="lz4")
+    with pytest.raises(ConfigError, match=r"linger\.mss.*linger\.ms"):
+        Producer.from_config({"bootstrap.servers": "127.0.0.1:1", "linger.mss": 5})
+    with pytest.raises(ConfigError, match=r"unknown producer option 'zzz'$"):
+        Producer(bootstrap_servers="127.0.0.1:1", zzz=1)
+
+
+def test_pickling_a_producer_or_a_lambda_serializer_says_what_to_do(
+    broker: EmbeddedBroker,
+) -> None:
+    import pickle
+
+    with Producer(bootstrap_servers=broker.bootstrap) as p:
+        with pytest.raises(TypeError, match=r"pass producer\.handle.*shmprod\.attach"):
+            pickle.dumps(p)
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(1) as pool, pytest.raises(TypeError, match="handle"):
+            pool.apply(os.getpid, (p,))  # what users try first
+        assert pickle.loads(pickle.dumps(p.handle)) == p.handle
+    with (
+        Producer(bootstrap_servers=broker.bootstrap, value_serializer=lambda v: b"x") as p,
+        pytest.raises(TypeError, match=r"value_serializer=.*top level of an importable"),
+    ):
+        pickle.dumps(p.handle)

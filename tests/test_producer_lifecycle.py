@@ -27,10 +27,11 @@ from shmprod.errors import (
     ProducerClosedError,
     ProducerHostError,
     RecordTooLargeError,
+    SenderDiedError,
+    ShmprodError,
     UnknownPartitionError,
 )
 from shmprod.handle import Handle
-from shmprod.shm import SharedMemoryError
 from tests.readback import consume_all
 
 pytestmark = pytest.mark.broker
@@ -283,8 +284,8 @@ def test_attach_elsewhere_names_the_host(broker: EmbeddedBroker) -> None:
     with Producer(bootstrap_servers=broker.bootstrap) as p:
         assert p.handle.host == socket.gethostname()
         gone = dataclasses.replace(p.handle, segment="shmprod-not-on-this-host")
-        with pytest.raises(SharedMemoryError, match="does not exist"):
-            attach(gone)  # same host: the producer was closed, as before
+        with pytest.raises(ProducerClosedError, match="removed its shared memory"):
+            attach(gone)  # same host, owner alive: the producer was closed
         elsewhere = dataclasses.replace(gone, host="another-host")
         with pytest.raises(ProducerHostError, match=r"'another-host'.*host-local"):
             attach(elsewhere)
@@ -333,9 +334,11 @@ def test_a_misspelled_option_is_a_config_error_with_the_closest_name() -> None:
 
 
 def test_pickling_a_producer_or_a_lambda_serializer_says_what_to_do(
-    broker: EmbeddedBroker,
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pickle
+
+    monkeypatch.delitem(sys.modules, "dill", raising=False)  # as in a process without it
 
     with Producer(bootstrap_servers=broker.bootstrap) as p:
         with pytest.raises(TypeError, match=r"pass producer\.handle.*shmprod\.attach"):
@@ -349,3 +352,77 @@ def test_pickling_a_producer_or_a_lambda_serializer_says_what_to_do(
         pytest.raises(TypeError, match=r"value_serializer=.*top level of an importable"),
     ):
         pickle.dumps(p.handle)
+
+
+def _send_until_closed(handle: Handle, topic: str, out: Any) -> None:
+    w = attach(handle)
+    futs = []
+    try:
+        for i in range(200_000):  # bounded: the owner closes within seconds
+            futs.append(w.send(topic, b"%d" % i))
+            if i % 1000 == 0:
+                time.sleep(0.001)
+    except ShmprodError as exc:
+        out.put(("call", type(exc).__name__, str(exc)))
+    failed = {type(e).__name__ for f in futs if (e := f.exception(30)) is not None}
+    out.put(("futures", sorted(failed), ""))
+
+
+def test_errors_name_what_happened(broker: EmbeddedBroker, topic_name: str) -> None:
+    """Closed by its owner -> ProducerClosedError, for later sends and pending futures of
+    every process; a killed sender -> SenderDiedError naming it, also at attach; a
+    producer whose owner is gone -> OwnerDiedError; attach of a closed one ->
+    ProducerClosedError, never SharedMemoryError."""
+    broker.create_topic(topic_name, 1)
+    ctx = mp.get_context("spawn")
+    p = Producer(bootstrap_servers=broker.bootstrap, linger_ms=50)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_send_until_closed, args=(p.handle, topic_name, out))
+    proc.start()
+    time.sleep(1.0)
+    handle = p.handle
+    p.close()
+    call = out.get(timeout=60)
+    futures = out.get(timeout=60)
+    proc.join(30)
+    assert call[1] == "ProducerClosedError" and "closed by its owner" in call[2], call
+    assert set(futures[1]) <= {"ProducerClosedError"}, futures
+    with pytest.raises(ProducerClosedError, match="closed"):
+        attach(handle)
+
+    with Producer(bootstrap_servers=broker.bootstrap) as q:
+        w = attach(q.handle)
+        os.kill(q.sender_pid, signal.SIGKILL)
+        with pytest.raises(SenderDiedError, match=rf"sender process \(pid {q.sender_pid}\)"):
+            attach(q.handle)
+        with pytest.raises(SenderDiedError):
+            w.send(topic_name, b"x").result(10)
+        w.close(1)
+
+
+def _attach_in_a_loop(handle: Handle, out: Any) -> None:
+    bad: list[str] = []
+    for _ in range(400):  # bounded; the owner closes meanwhile
+        try:
+            attach(handle).close(1)
+        except ShmprodError:
+            pass
+        except Exception as exc:  # anything else is a bug
+            bad.append(repr(exc))
+    out.put(bad)
+
+
+def test_attach_racing_a_close_raises_only_typed_errors(broker: EmbeddedBroker) -> None:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    for _ in range(3):
+        p = Producer(bootstrap_servers=broker.bootstrap)
+        procs = [ctx.Process(target=_attach_in_a_loop, args=(p.handle, out)) for _ in range(2)]
+        for proc in procs:
+            proc.start()
+        time.sleep(0.3)
+        p.close()
+        results = [out.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(30)
+        assert results == [[], []], results

@@ -456,7 +456,10 @@ class Sender:
             if self.phase is not Phase.BOOTSTRAP:
                 self._post(conn, ipc.Ready(0))
         if self.phase is Phase.CLOSING:
-            self._post(conn, ipc.Fatal(ProducerClosedError.code, "the producer is closing"))
+            self._post(
+                conn,
+                ipc.Fatal(ProducerClosedError.code, "the producer is being closed by its owner"),
+            )
         log.debug("attached %r", conn)
 
     def _control_gone(self, conn: ControlConn, now: int) -> None:
@@ -1305,7 +1308,7 @@ class Sender:
         self._abort_all(code, "the producer closed before this batch was delivered")
         for conn in list(self._ctl.values()):
             if conn.authenticated:
-                self._post(conn, ipc.Fatal(code, "the producer is closed"))
+                self._post(conn, ipc.Fatal(code, "the producer was closed by its owner"))
         self._flush_controls_bounded()
         self.shared.set_state(L.STATE_CLOSED)
         if self._owner_gone:

@@ -54,6 +54,7 @@ from shmprod.handle import Handle
 from shmprod.protocol.records import HEADER_SIZE, record_size
 from shmprod.shm import Segment, SharedMemoryError
 from shmprod.worker import shmstats
+from shmprod.worker.cause import cause_from_header, cause_without_segment
 from shmprod.worker.core import _BUSY, CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
 from shmprod.worker.inputs import (
     as_bytes,
@@ -159,13 +160,15 @@ class Worker(WorkerCore):
                     f"{exc}; the handle was made on host {handle.host!r} and this is "
                     f"{here!r}: shared memory is host-local, attach on the producer's host"
                 ) from None
+            if "does not exist" in str(exc):  # removed: closed, or its owner died
+                raise cause_without_segment(handle.owner_pid) from None
             raise
         try:
             self._view = self._seg.view
             self._geo = L.read_geometry(self._view)
             state = L.U32.unpack_from(self._view, L.H_STATE)[0]
-            if state in (L.STATE_CLOSED, L.STATE_FAILED):
-                raise ProducerClosedError("the producer is closed (its segment says so)")
+            if state in (L.STATE_CLOSED, L.STATE_CLOSING, L.STATE_FAILED):
+                raise cause_from_header(self._view)
             self._sock = self._connect(handle, owner)
         except BaseException:
             self._seg.close()
@@ -187,13 +190,21 @@ class Worker(WorkerCore):
             try:
                 sock.connect(handle.socket_path)
             except (FileNotFoundError, ConnectionRefusedError) as exc:
-                raise ProducerClosedError(
-                    f"cannot reach the producer's control socket ({exc.strerror}): "
-                    "the producer was closed or its owner died"
+                cause = cause_from_header(self._view)
+                if type(cause) is ProducerError:  # it looks alive, but not there
+                    cause = ProducerClosedError(
+                        "nothing listens at the handle's socket path (a handle of another "
+                        "producer, or its files were removed)"
+                    )
+                raise type(cause)(
+                    f"cannot reach the producer's control socket ({exc.strerror}): {cause}"
                 ) from None
             hello = ipc.Hello(handle.secret, self._pid, ipc.process_start_us(self._pid), owner)
-            sock.sendall(ipc.encode(hello))
             deadline = time.monotonic() + timeout
+            try:
+                sock.sendall(ipc.encode(hello))
+            except OSError as exc:  # the producer closing as we connect
+                raise self._attach_failed(f"saying Hello failed ({exc})") from None
             while True:
                 if time.monotonic() > deadline:
                     raise SenderDiedError(f"no Welcome from the sender within {timeout:.0f} s")
@@ -201,10 +212,12 @@ class Worker(WorkerCore):
                     data = sock.recv(_RECV_SIZE)
                 except TimeoutError:
                     continue
+                except OSError as exc:  # e.g. ConnectionResetError: closing meanwhile
+                    raise self._attach_failed(f"the connection broke at attach ({exc})") from None
                 if not data:
-                    raise SenderDiedError(
-                        "the sender closed the control connection at attach "
-                        "(wrong secret, or the producer is closing)"
+                    raise self._attach_failed(
+                        "the sender closed the control connection at attach (a wrong "
+                        "secret, or the producer is closing)"
                     )
                 msgs = self._reader.feed(data)
                 for i, msg in enumerate(msgs):
@@ -222,6 +235,14 @@ class Worker(WorkerCore):
         except BaseException:
             sock.close()
             raise
+
+    def _attach_failed(self, what: str) -> ShmprodError:
+        """A typed error for an attach that broke off: what the segment says happened
+        (closed by its owner, owner or sender dead), else SenderDiedError."""
+        cause = cause_from_header(self._view)
+        if type(cause) is ProducerError:  # the producer looks alive: it refused us
+            return SenderDiedError(what)
+        return type(cause)(f"{what}: {cause}")
 
     def __reduce__(self) -> Any:
         raise TypeError(

@@ -513,12 +513,23 @@ class WorkerCore:
             raise SenderDiedError(f"the sender is unreachable: {exc!r}") from None
 
     def _mark_dead_locked(self, message: str) -> None:
-        """Records the sender as gone and shuts the socket so the I/O thread fails all."""
+        """Records why the producer cannot be reached (closed by its owner, owner or
+        sender dead: the segment says which) and shuts the socket so the I/O thread fails
+        all."""
         if self._fatal is None:
-            self._fatal = (SenderDiedError.code, message)
+            self._fatal = self._cause(message)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._cond.notify_all()
+
+    def _cause(self, what: str) -> tuple[int, str]:
+        """(code, message) of why the control connection ended, from the HEADER."""
+        from shmprod.worker.cause import cause_from_header
+
+        cause = cause_from_header(self._view)
+        if type(cause) is ProducerError:  # nothing recorded: the sender is gone somehow
+            return SenderDiedError.code, what
+        return int(getattr(cause, "code", SenderDiedError.code)), f"{cause} ({what})"
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -573,7 +584,7 @@ class WorkerCore:
             finally:
                 self._lock.acquire()
         if self._eof and self._fatal is None:
-            self._fatal = (SenderDiedError.code, self._eof_message)
+            self._fatal = self._cause(self._eof_message)
         keep: list[ipc.Message] = []
         for m in self._deferred:
             if type(m) is ipc.Done or type(m) is ipc.DoneSplit:
@@ -759,7 +770,7 @@ def _io_loop(ref: weakref.ref[WorkerCore]) -> None:
                 w._handle()
             if w._eof:
                 if not w._stop:
-                    w._fail_everything(SenderDiedError.code, w._eof_message)
+                    w._fail_everything(*w._cause(w._eof_message))
                 return
             timeout = w._tick(time.monotonic_ns())
             with w._lock:

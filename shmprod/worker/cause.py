@@ -1,0 +1,80 @@
+"""Why a producer cannot be reached: what a worker tells its caller.
+
+The segment HEADER records the producer's state and the identities (pid + start time)
+of its owner and its sender, so a worker whose control connection ended, or that cannot
+attach, names what actually happened instead of a generic "closed or died":
+
+* the owner closed it (``STATE_CLOSED``/``STATE_CLOSING``): :class:`ProducerClosedError`;
+* the owner process is gone: :class:`OwnerDiedError`;
+* the sender process is gone: :class:`SenderDiedError` (with its pid);
+* the producer failed (``STATE_FAILED``): the error of the code it recorded.
+
+Runs in: worker (reads the HEADER only; no lock: single aligned fields).
+"""
+
+from __future__ import annotations
+
+import psutil
+
+from shmprod import layout as L
+from shmprod.errors import (
+    OwnerDiedError,
+    ProducerClosedError,
+    ProducerError,
+    SenderDiedError,
+    ShmprodError,
+    error_from_code,
+)
+
+__all__ = ["alive", "cause_from_header", "cause_without_segment"]
+
+
+def alive(pid: int, start_us: int = 0) -> bool:
+    """Whether process ``pid`` runs (and, given its start time, is still that process)."""
+    if pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        # a start time that differs: the pid was reused by another process
+        return not start_us or abs(int(proc.create_time() * 1_000_000) - start_us) <= 1_000_000
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def cause_from_header(view: memoryview) -> ShmprodError:
+    """The error that says why the producer of this segment cannot be reached."""
+    state = L.U32.unpack_from(view, L.H_STATE)[0]
+    owner = int(L.U64.unpack_from(view, L.H_OWNER_PID)[0])
+    owner_start = int(L.U64.unpack_from(view, L.H_OWNER_START_US)[0])
+    sender = int(L.U64.unpack_from(view, L.H_SENDER_PID)[0])
+    sender_start = int(L.U64.unpack_from(view, L.H_SENDER_START_US)[0])
+    if state in (L.STATE_CLOSED, L.STATE_CLOSING):
+        return ProducerClosedError("the producer was closed by its owner")
+    if state == L.STATE_FAILED:
+        code = int(L.I32.unpack_from(view, L.H_FATAL_CODE)[0])
+        if code:
+            return error_from_code(code, "the producer failed")
+    if not alive(owner, owner_start):
+        return OwnerDiedError(f"the process that created the producer (pid {owner}) died")
+    if sender and not alive(sender, sender_start):
+        return SenderDiedError(
+            f"the producer's sender process (pid {sender}) died: the producer cannot send "
+            "any more; its owner must create a new Producer"
+        )
+    return ProducerError("the producer's control connection ended")
+
+
+def cause_without_segment(owner_pid: int) -> ShmprodError:
+    """The error for a producer whose segment is gone (it is removed at close)."""
+    if alive(owner_pid):
+        return ProducerClosedError(
+            f"the producer is closed: its owner (pid {owner_pid}) removed its shared memory"
+        )
+    return OwnerDiedError(
+        f"the process that created the producer (pid {owner_pid}) is gone, and its shared "
+        "memory with it"
+    )

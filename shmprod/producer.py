@@ -38,9 +38,39 @@ __all__ = ["Producer", "attach", "spawn_sender"]
 SENDER_START_TIMEOUT_S = 30.0
 
 
+# What the sender's interpreter and its TLS need from the owner's environment; nothing
+# else passes (a KAFKA_PASSWORD of the owner's shell never reaches the sender).
+_SENDER_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONUNBUFFERED",
+        "VIRTUAL_ENV",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "TZ",
+        "TMPDIR",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "SYSTEMROOT",
+    }
+)
+_SENDER_ENV_PREFIXES = ("LC_", "SHMPROD_")
+
+
 def _sender_env() -> dict[str, str]:
-    """The sender's environment: this shmprod importable even when not installed."""
-    env = dict(os.environ)
+    """The sender's environment: an allow-list of the owner's (what Python, locale and
+    TLS need, and ``SHMPROD_*`` settings), with this shmprod importable even when not
+    installed. Secrets in the owner's environment stay there."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in _SENDER_ENV_NAMES or k.startswith(_SENDER_ENV_PREFIXES)
+    }
     root = os.path.dirname(os.path.dirname(os.path.abspath(shmprod.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env

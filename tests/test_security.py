@@ -381,6 +381,7 @@ def test_password_appears_nowhere(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, topic_name: str
 ) -> None:
     monkeypatch.setenv("SHMPROD_LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("KAFKA_PASSWORD", PASSWORD)  # as in the README's example
     secret = PASSWORD.encode()
     with secured(users=USERS) as (broker, _):
         broker.create_topic(topic_name)

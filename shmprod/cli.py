@@ -6,10 +6,12 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shmprod import __version__
+from shmprod.connection import parse_bootstrap
 from shmprod.errors import ShmprodError
+from shmprod.worker.topics import validate_topic
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
@@ -47,6 +49,43 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high] (usage error, exit status 2, otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: must be {bound}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _topic_spec(text: str) -> str:
+    """``NAME`` or ``NAME:PARTITIONS`` with a legal name and at least one partition."""
+    name, sep, count = text.partition(":")
+    try:
+        validate_topic(name)
+    except ShmprodError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if sep:
+        _int_range(1, 1_000_000)(count)
+    return text
+
+
+def _bootstrap(text: str) -> str:
+    try:
+        parse_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shmprod", description="One Kafka producer per host, shared by every worker process."
@@ -59,10 +98,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="export a generated data set from a pool of worker processes through one shared "
         "producer to the embedded broker, and verify every record",
     )
-    demo.add_argument("--records", type=int, default=200_000, help="rows to export (200000)")
-    demo.add_argument("--value-size", type=int, default=100, help="approximate value bytes (100)")
-    demo.add_argument("--partitions", type=int, default=8, help="topic partitions (8)")
-    demo.add_argument("--workers", type=int, default=4, help="worker processes (4)")
+    demo.add_argument(
+        "--records", type=_int_range(1), default=200_000, help="rows to export (200000)"
+    )
+    demo.add_argument(
+        "--value-size",
+        type=_int_range(16, 1 << 20),
+        default=100,
+        help="approximate value bytes, 16 to 1 MiB (100)",
+    )
+    demo.add_argument(
+        "--partitions", type=_int_range(1, 10_000), default=8, help="topic partitions (8)"
+    )
+    demo.add_argument(
+        "--workers", type=_int_range(1, 256), default=4, help="worker processes, 1-256 (4)"
+    )
     demo.add_argument(
         "--compression",
         default="lz4",
@@ -70,16 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="batch compression (lz4)",
     )
     demo.add_argument(
-        "--bootstrap", default=None, help="use this broker instead of starting an embedded one"
+        "--bootstrap",
+        type=_bootstrap,
+        default=None,
+        help="use this broker (host:port) instead of starting an embedded one",
     )
     demo.add_argument("--report", default="shmprod-demo-report.json", help="JSON report path")
     demo.add_argument("--quiet", action="store_true", help="no progress line")
     demo.set_defaults(func=_cmd_demo)
 
     broker = sub.add_parser("broker", help="run a local development broker (tansu) on loopback")
-    broker.add_argument("--port", type=int, default=None, help="listen port (a free one)")
     broker.add_argument(
-        "--topic", action="append", help="create a topic, NAME or NAME:PARTITIONS (repeatable)"
+        "--port", type=_int_range(1, 65535), default=None, help="listen port (a free one)"
+    )
+    broker.add_argument(
+        "--topic",
+        type=_topic_spec,
+        action="append",
+        help="create a topic, NAME or NAME:PARTITIONS (repeatable)",
     )
     broker.set_defaults(func=_cmd_broker)
     return parser

@@ -50,3 +50,27 @@ def test_version_and_help() -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "brotli" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["demo", "--records", "0"], "--records: 0 is out of range"),
+        (["demo", "--records", "-5"], "--records: -5 is out of range"),
+        (["demo", "--workers", "0"], "--workers: 0 is out of range"),
+        (["demo", "--partitions", "0"], "--partitions: 0 is out of range"),
+        (["demo", "--value-size", "x"], "'x' is not an integer"),
+        (["demo", "--bootstrap", "nope"], "not host:port"),
+        (["broker", "--port", "70000"], "--port: 70000 is out of range"),
+        (["broker", "--topic", "t:0"], "--topic: 0 is out of range"),
+        (["broker", "--topic", "bad name"], "not legal"),
+    ],
+)
+def test_bad_options_are_usage_errors_before_anything_starts(args: list[str], says: str) -> None:
+    """Every option is checked up front: exit status 2 and a message, never a traceback
+    or a wait (``--partitions 0`` used to hang 62 s and then blame metadata)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "shmprod", *args], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2, out.stderr
+    assert says in out.stderr and "Traceback" not in out.stderr

@@ -24,3 +24,17 @@ def test_quickstart_runs() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "80,000 records from 4 worker processes through one producer" in out.stdout
+
+
+def test_the_readme_use_example_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "use.py")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "send_batch: [0, 1, 2]" in out.stdout
+    assert "4,000 records from 4 pool processes through one producer" in out.stdout

@@ -65,6 +65,7 @@ from shmprod.errors import (
     ProducerHostError,
     ShmprodError,
 )
+from shmprod.extras import require
 from shmprod.futures import BatchFuture
 from shmprod.handle import Handle
 from shmprod.shm import SharedMemoryError
@@ -364,7 +365,7 @@ class _Task:
 def _task_identity() -> tuple[int, int]:
     """(Spark partition id, attempt number) of the running task, or (-1, 0) outside Spark."""
     try:
-        from pyspark import TaskContext
+        TaskContext = require("pyspark", "spark").TaskContext
     except ImportError:
         return -1, 0
     ctx = TaskContext.get()
@@ -517,7 +518,7 @@ def local_session(master: str = "local[2]", app_name: str = "shmprod-export", **
     ``**{"spark.driver.memory": "1g"}``). Runs in: the driver."""
     import sys
 
-    from pyspark.sql import SparkSession
+    SparkSession = require("pyspark.sql", "spark").SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -542,7 +543,7 @@ def stop_session(spark: Any, timeout_s: float = 30.0) -> None:
     input closes, and is killed if it has not after ``timeout_s``. Runs in: the driver."""
     import subprocess
 
-    from pyspark import SparkContext
+    SparkContext = require("pyspark", "spark").SparkContext
 
     gateway = SparkContext._gateway
     spark.stop()

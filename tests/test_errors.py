@@ -29,3 +29,12 @@ def test_every_producer_error_survives_a_round_trip(code: int) -> None:
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is type(err) and str(back) == "why"
     assert (back.code, back.retriable) == (code, True)  # type: ignore[attr-defined]
+
+
+def test_a_missing_extra_names_it() -> None:
+    from shmprod.extras import MissingExtraError, require
+
+    with pytest.raises(MissingExtraError, match=r"pip install 'shmprod\[spark\]'") as info:
+        require("shmprod_no_such_module", "spark")
+    assert isinstance(info.value, ImportError)
+    assert require("json", "none").dumps([1]) == "[1]"

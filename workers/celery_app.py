@@ -40,7 +40,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from celery import Celery, signals
+
+try:
+    from celery import Celery, signals
+except ImportError as exc:  # say which extra, not just the module
+    raise ImportError(
+        f"{exc}: workers.celery_app needs shmprod's 'celery' extra, pip install 'shmprod[celery]'"
+    ) from exc
 
 from shmprod import BatchFuture, Handle, Producer, attach
 from shmprod.errors import ProducerClosedError

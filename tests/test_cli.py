@@ -74,3 +74,14 @@ def test_bad_options_are_usage_errors_before_anything_starts(args: list[str], sa
     )
     assert out.returncode == 2, out.stderr
     assert says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_run_without_a_command_prints_its_usage() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        ["bash", str(root / "run")], capture_output=True, text=True, timeout=60, cwd=root
+    )
+    assert out.returncode == 2
+    assert "usage: ./run COMMAND" in out.stderr and "set -euo" not in out.stderr

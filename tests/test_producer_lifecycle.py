@@ -426,3 +426,32 @@ def test_attach_racing_a_close_raises_only_typed_errors(broker: EmbeddedBroker) 
         for proc in procs:
             proc.join(30)
         assert results == [[], []], results
+
+
+def test_a_dead_broker_is_logged_and_named_in_the_timeout(
+    fresh_broker: EmbeddedBroker, topic_name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A broker gone after start: the sender logs the failed connections at WARNING
+    (not silence until the timeout), and the DeliveryTimeoutError says why."""
+    from shmprod.broker import free_port
+    from shmprod.errors import DeliveryTimeoutError, MetadataTimeoutError
+
+    fresh_broker.create_topic(topic_name, 1)
+    with Producer(
+        bootstrap_servers=fresh_broker.bootstrap,
+        request_timeout_ms=1000,
+        delivery_timeout_ms=3000,
+        retry_backoff_max_ms=200,
+    ) as p:
+        p.send(topic_name, b"before").result(30)
+        fresh_broker.stop()
+        with pytest.raises(DeliveryTimeoutError, match=r"last error: .*connection failure"):
+            p.send(topic_name, b"after").result(30)
+    err = capfd.readouterr().err
+    assert "WARNING broker connection failed" in err, err[-2000:]
+
+    t0 = time.monotonic()
+    with pytest.raises(MetadataTimeoutError, match="connection failure"):
+        Producer(bootstrap_servers=f"127.0.0.1:{free_port()}", max_block_ms=1500)
+    assert time.monotonic() - t0 < 30
+    assert "retrying until max_block_ms=1500" in capfd.readouterr().err

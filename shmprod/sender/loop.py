@@ -77,6 +77,7 @@ EXIT_FLUSH_NS = 1_000 * MS
 MIN_BOOTSTRAP_WAIT_MS = 1_000
 MAX_ACCEPTS_PER_EVENT = 64
 BOOTSTRAP_FALLBACK_FAILURES = 3  # consecutive failures of every known node
+CONN_LOG_EVERY_NS = 10_000 * MS  # connection failures are logged at most this often
 
 
 class Phase(Enum):
@@ -176,6 +177,10 @@ class Sender:
         self._pid_retry_at = 0
         self._flying: set[Batch] = set()  # batches of produce requests not yet completed
         self._resets_in_a_row = 0  # epoch bumps / new ids with no batch written between
+        self._conn_errors = 0  # broker connection failures, and the last one's reason
+        self._conn_error = ""
+        self._conn_logged = 0
+        self._conn_log_at = 0
         self._fences: set[int] = set()  # acks=0 close: connections not yet past their fence
         self._fenced = False
 
@@ -688,9 +693,17 @@ class Sender:
             ),
         )
 
-    @staticmethod
-    def _last_error(batch: Batch) -> str:
-        return f" (last error {ec.error_name(batch.last_error)})" if batch.last_error else ""
+    def _last_error(self, batch: Batch) -> str:
+        """Why a batch was not delivered: its last error answer, else (never answered)
+        the last broker connection failure."""
+        if batch.last_error:
+            return f" (last error {ec.error_name(batch.last_error)})"
+        if self._conn_error:
+            return (
+                f" (last error: {self._conn_error}; {self._conn_errors} connection "
+                "failure(s) so far)"
+            )
+        return ""
 
     def _fail_gone_partitions(self) -> None:
         """Fails the queued batches of partitions a topic no longer has (it was created
@@ -905,7 +918,23 @@ class Sender:
         if key < 0:
             self._bootstrap_failures += 1
             self._bootstrap_error = reason
-        log.info("connection %d failed: %s", key, reason)
+        self._conn_errors += 1
+        self._conn_error = reason
+        # at WARNING: the first failure at once, then at most one line per
+        # CONN_LOG_EVERY_NS with how many happened meanwhile
+        if now >= self._conn_log_at:
+            waiting = " (retrying; sends wait, up to delivery_timeout_ms)"
+            if self.phase is Phase.BOOTSTRAP:
+                waiting = f" (retrying until max_block_ms={self.cfg.max_block_ms} for metadata)"
+            more = self._conn_errors - self._conn_logged
+            log.warning(
+                "broker connection failed: %s%s%s",
+                reason,
+                f"; {more} failure(s) since the last report" if more > 1 else "",
+                waiting,
+            )
+            self._conn_logged = self._conn_errors
+            self._conn_log_at = now + CONN_LOG_EVERY_NS
 
     def _node_conn(self, node: int, now: int) -> NodeConnection | None:
         conn = self._nodes.get(node)
@@ -1162,7 +1191,9 @@ class Sender:
             f"max_block_ms={self.cfg.max_block_ms}"
         )
         if self._bootstrap_error:
-            message += f" (last error: {self._bootstrap_error})"
+            message += (
+                f" (last error: {self._bootstrap_error}; {self._conn_errors} connection failure(s))"
+            )
         log.error("%s", message)
         self.shared.set_state(L.STATE_FAILED, code)
         for conn in list(self._ctl.values()):

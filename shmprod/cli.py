@@ -140,7 +140,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="create a topic, NAME or NAME:PARTITIONS (repeatable)",
     )
     broker.set_defaults(func=_cmd_broker)
+
+    cleanup = sub.add_parser(
+        "cleanup",
+        help="remove the shared memory and socket files of this user's producers whose "
+        "owner and sender processes are all dead",
+    )
+    cleanup.add_argument("--dry-run", action="store_true", help="list them, remove nothing")
+    cleanup.set_defaults(func=_cmd_cleanup)
     return parser
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    from shmprod.sweep import sweep
+
+    stale = sweep(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for s in stale:
+        extra = f" and {s.directory}" if s.directory else ""
+        print(
+            f"{verb} {s.segment} ({s.size / 2**20:.1f} MiB){extra}: owner pid {s.owner_pid} "
+            f"and sender pid {s.sender_pid} are gone"
+        )
+    if not stale:
+        print("nothing to clean up: every producer of this user has a live process")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,12 +10,12 @@ and removes everything it created; if the owner dies instead, the sender does th
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -31,11 +31,14 @@ from shmprod.handle import Handle, SenderSpec
 from shmprod.ipc import process_start_us
 from shmprod.layout import Geometry, write_header
 from shmprod.shm import Segment
+from shmprod.sweep import socket_dir, sweep
 from shmprod.worker import Worker, attach
 
 __all__ = ["Producer", "attach", "spawn_sender"]
 
 SENDER_START_TIMEOUT_S = 30.0
+
+log = logging.getLogger("shmprod.producer")
 
 
 # What the sender's interpreter and its TLS need from the owner's environment; nothing
@@ -163,10 +166,30 @@ class Producer:
         cfg = self.config
         cfg.ssl_context()  # a bad certificate file fails here, in the caller, as ConfigError
         geo = Geometry.for_pool(cfg.buffer_memory, cfg.batch_size)
+        try:  # producers of this user whose processes all died: their files go first
+            removed = sweep()
+        except OSError as exc:
+            log.warning("could not look for stale producers: %s", exc)
+        else:
+            for stale in removed:
+                log.warning(
+                    "removed the files of a producer whose processes died (owner pid %d, "
+                    "sender pid %d): %s, %.1f MiB",
+                    stale.owner_pid,
+                    stale.sender_pid,
+                    stale.segment,
+                    stale.size / 2**20,
+                )
         self._segment = Segment.create(geo.segment_size)
         start_us = process_start_us()
         write_header(self._segment.view, geo, self._pid, start_us)
-        self._tmpdir = tempfile.mkdtemp(prefix="shmprod-")
+        self._tmpdir = socket_dir(self._segment.name)
+        try:
+            os.mkdir(self._tmpdir, 0o700)
+        except OSError:
+            self._segment.close()
+            self._segment.unlink()
+            raise
         socket_path = os.path.join(self._tmpdir, "ctl.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

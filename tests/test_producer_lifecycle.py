@@ -455,3 +455,66 @@ def test_a_dead_broker_is_logged_and_named_in_the_timeout(
         Producer(bootstrap_servers=f"127.0.0.1:{free_port()}", max_block_ms=1500)
     assert time.monotonic() - t0 < 30
     assert "retrying until max_block_ms=1500" in capfd.readouterr().err
+
+
+_OWNER = """
+import sys, time
+from shmprod import Producer
+p = Producer(bootstrap_servers=sys.argv[1])
+print(p.handle.segment, p.sender_pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _orphan(broker: EmbeddedBroker) -> tuple[str, str]:
+    """A producer whose sender, then owner, were SIGKILLed: (segment, socket dir)."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, broker.bootstrap], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        segment, sender = owner.stdout.readline().split()
+        os.kill(int(sender), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # dead: gone, or a zombie of its parent
+            try:
+                if psutil.Process(int(sender)).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.02)
+    finally:
+        owner.kill()
+        owner.wait(10)
+        if owner.stdout is not None:
+            owner.stdout.close()
+    from shmprod.sweep import socket_dir
+
+    assert os.path.exists(f"/dev/shm/{segment}") and os.path.isdir(socket_dir(segment))
+    return segment, socket_dir(segment)
+
+
+def test_files_of_dead_producers_are_swept(broker: EmbeddedBroker) -> None:
+    """SIGKILL of the sender and then of the owner leaves the segment and the socket
+    directory; ``shmprod cleanup`` (after ``--dry-run`` listed them) and the next
+    Producer() start remove them, and nothing of a live producer."""
+    with Producer(bootstrap_servers=broker.bootstrap) as live:
+        segment, directory = _orphan(broker)
+        dry = subprocess.run(
+            [sys.executable, "-m", "shmprod", "cleanup", "--dry-run"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert dry.returncode == 0 and f"would remove {segment}" in dry.stdout
+        assert live.handle.segment not in dry.stdout
+        assert os.path.exists(f"/dev/shm/{segment}")
+        done = subprocess.run(
+            [sys.executable, "-m", "shmprod", "cleanup"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0 and f"removed {segment}" in done.stdout
+        assert not os.path.exists(f"/dev/shm/{segment}") and not os.path.exists(directory)
+        assert os.path.exists(f"/dev/shm/{live.handle.segment}")
+    segment, directory = _orphan(broker)
+    with Producer(bootstrap_servers=broker.bootstrap):
+        assert not os.path.exists(f"/dev/shm/{segment}") and not os.path.exists(directory)

@@ -48,6 +48,7 @@ import importlib
 import os
 import re
 import socket
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -59,6 +60,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shmprod.errors import (
+    ConfigError,
     InvalidRecordError,
     KafkaError,
     ProducerError,
@@ -459,6 +461,7 @@ def export_dataframe(
     )
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    check_worker_python(df.sparkSession)
     report = SparkExportReport(topic)
     selected = df.select(*spec.columns)
     t0 = time.monotonic()
@@ -508,6 +511,57 @@ def task_error(exc: BaseException) -> ShmprodError | None:
         return cls(message)
     except TypeError:
         return None
+
+
+_PYTHON_OK: dict[str, str] = {}  # interpreter -> "" if it imports shmprod, else why not
+
+
+def worker_python(spark: Any) -> tuple[str, str]:
+    """(the Python Spark starts for its Python workers, where that comes from), as
+    pyspark resolves it: ``spark.pyspark.python``, then ``PYSPARK_PYTHON``, else
+    ``python3`` on the PATH. Runs in: the driver."""
+    conf = spark.sparkContext.getConf()
+    for key in ("spark.pyspark.python", "spark.executorEnv.PYSPARK_PYTHON"):
+        value = conf.get(key)
+        if value:
+            return value, f"the Spark option {key}"
+    env = os.environ.get("PYSPARK_PYTHON")
+    if env:
+        return env, "PYSPARK_PYTHON"
+    return "python3", "pyspark's default (PYSPARK_PYTHON is not set)"
+
+
+def check_worker_python(spark: Any) -> None:
+    """Refuses, before any task runs, a job whose Python workers could not import
+    shmprod (pyspark would fail each task with a Java stack trace ending in
+    ModuleNotFoundError). Checked where the executors run on this host (local masters);
+    elsewhere that is the cluster's business. Runs in: the driver."""
+    import subprocess
+
+    master = str(spark.sparkContext.master)
+    if not master.startswith("local"):
+        return
+    python, source = worker_python(spark)
+    why = _PYTHON_OK.get(python)
+    if why is None:
+        try:
+            out = subprocess.run(
+                [python, "-c", "import shmprod, pyarrow"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            why = "" if out.returncode == 0 else (out.stderr.strip().splitlines() or ["?"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        _PYTHON_OK[python] = why
+    if why:
+        raise ConfigError(
+            f"Spark's Python workers run {python!r} (from {source}), which cannot import "
+            f"shmprod ({why}): set PYSPARK_PYTHON (or the Spark option "
+            f"spark.pyspark.python) to an interpreter that has shmprod installed, such as "
+            f"this one: {sys.executable}"
+        )
 
 
 def local_session(master: str = "local[2]", app_name: str = "shmprod-export", **conf: str) -> Any:

@@ -8,6 +8,7 @@ with confluent-kafka.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 
 from shmprod import Producer
 from shmprod.broker import EmbeddedBroker
-from shmprod.errors import UnknownPartitionError
+from shmprod.errors import ProducerClosedError, UnknownPartitionError
 from shmprod.partitioner import murmur2
 from shmprod.spark import (
     ExportSpec,
@@ -164,11 +165,11 @@ def test_an_executor_on_another_host_fails_at_once(
         assert p.stats()["sender"]["records_sent"] == 0
 
 
-def test_a_closed_producer_or_missing_segment_is_a_host_error(broker: EmbeddedBroker) -> None:
+def test_a_closed_producer_is_named_as_closed(broker: EmbeddedBroker) -> None:
     p = Producer(bootstrap_servers=broker.bootstrap)
     p.close()
     spec = ExportSpec(handle=p.handle, topic="t", value_col="value")
-    with pytest.raises(ProducerHostError, match="cannot map the producer's shared memory"):
+    with pytest.raises(ProducerClosedError, match="the producer is closed"):
         spec.worker()
 
 
@@ -195,3 +196,42 @@ def test_spark_job_generated_rows(spark: Any, broker: EmbeddedBroker, topic_name
     records = [r for recs in landed.values() for r in recs]
     assert len(records) == n == len({r.value for r in records})
     assert all(r.partition == (murmur2(r.key or b"") & 0x7FFFFFFF) % 2 for r in records)
+
+
+class _FakeConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str) -> str | None:
+        return self.values.get(key)
+
+
+class _FakeSession:
+    """What check_worker_python reads of a SparkSession: the master and the conf."""
+
+    def __init__(self, master: str, conf: dict[str, str]) -> None:
+        self.sparkContext = type(
+            "Ctx", (), {"master": master, "getConf": lambda _s: _FakeConf(conf)}
+        )()
+
+
+def test_workers_that_cannot_import_shmprod_are_refused_before_the_job(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without PYSPARK_PYTHON pointing at an interpreter with shmprod, every task died
+    with a Java stack trace ending in ModuleNotFoundError; the driver now says what to
+    set, before any task runs."""
+    from shmprod.errors import ConfigError
+    from shmprod.spark import check_worker_python
+
+    bare = tmp_path / "python-without-shmprod"
+    bare.write_text(
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'shmprod'\" >&2\nexit 1\n"
+    )
+    bare.chmod(0o755)
+    session = _FakeSession("local[2]", {"spark.pyspark.python": str(bare)})
+    with pytest.raises(ConfigError, match=r"spark\.pyspark\.python.*No module.*PYSPARK_PYTHON"):
+        check_worker_python(session)
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    check_worker_python(_FakeSession("local[2]", {}))  # this interpreter has shmprod
+    check_worker_python(_FakeSession("spark://elsewhere:7077", {}))  # not checked there

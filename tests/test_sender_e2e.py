@@ -218,7 +218,10 @@ class FakeWorker:
 
 
 @contextlib.contextmanager
-def running(broker: EmbeddedBroker, **options: Any) -> Iterator[tuple[Owner, FakeWorker]]:
+def running(
+    broker: EmbeddedBroker | KafkaProxy, **options: Any
+) -> Iterator[tuple[Owner, FakeWorker]]:
+    """A sender (for the broker, or the proxy in front of it) and its owner, ready."""
     owner = Owner(broker.bootstrap, **options)
     worker: FakeWorker | None = None
     try:
@@ -655,10 +658,7 @@ def test_growth_keeps_one_queue_per_partition(
     the new slot are sent in order, each written once at its own offset."""
     broker.create_topic(topic_name, 4)
     proxy.show_partitions(topic_name, 2)
-    owner = Owner(proxy.bootstrap, metadata_max_age_ms=100, enable_idempotence=idempotent)
-    try:
-        w = FakeWorker(owner, as_owner=True)
-        assert w.expect(ipc.Ready).error == 0
+    with running(proxy, metadata_max_age_ms=100, enable_idempotence=idempotent) as (owner, w):
         old, n = w.topic(topic_name)
         assert n == 2
         assert w.done(w.produce(old, values("a", 3))).base_offset == 0
@@ -676,9 +676,6 @@ def test_growth_keeps_one_queue_per_partition(
         dones = [w.done(bid) for bid in ids]
         assert [(d.error, d.base_offset) for d in dones] == [(0, 3), (0, 5), (0, 7)], dones
         shutdown(owner, w)
-        w.close()
-    finally:
-        owner.close()
     got = consume_all(broker.bootstrap, topic_name, 4, 9, timeout_s=20)
     expected = values("a", 3) + values("b", 2) + values("c", 2) + values("d", 2)
     assert [r.value for r in got[0]] == expected
@@ -695,10 +692,7 @@ def test_duplicate_sequence_for_a_first_send_fails_loudly(
     from tests.kafka_proxy import PRODUCE
 
     broker.create_topic(topic_name, 1)
-    owner = Owner(proxy.bootstrap)
-    try:
-        w = FakeWorker(owner, as_owner=True)
-        assert w.expect(ipc.Ready).error == 0
+    with running(proxy) as (owner, w):
         base, _ = w.topic(topic_name)
         proxy.fail_next(PRODUCE, ec.DUPLICATE_SEQUENCE_NUMBER)
         d = w.done(w.produce(base, values("lost?", 3)))
@@ -706,9 +700,6 @@ def test_duplicate_sequence_for_a_first_send_fails_loudly(
         after = w.done(w.produce(base, values("next", 2)))  # the producer goes on
         assert (after.error, after.base_offset) == (0, 0), after
         shutdown(owner, w)
-        w.close()
-    finally:
-        owner.close()
     got = consume_all(broker.bootstrap, topic_name, 1, 2, timeout_s=20)
     assert [r.value for r in got[0]] == values("next", 2)
 
@@ -721,19 +712,13 @@ def test_acks_0_close_waits_until_the_broker_read_everything(
     one Metadata request per connection (answers come in order), bounded by the close
     timeout. Here every node holds its bytes for 0.5 s when the owner closes."""
     broker.create_topic(topic_name, 1)
-    owner = Owner(proxy.bootstrap, acks=0, enable_idempotence=False)
-    try:
-        w = FakeWorker(owner, as_owner=True)
-        assert w.expect(ipc.Ready).error == 0
+    with running(proxy, acks=0, enable_idempotence=False) as (owner, w):
         base, _ = w.topic(topic_name)
         for node in range(proxy.nodes):
             proxy.stall(node, 0.5)
         ids = [w.produce(base, values(f"z{i}", 5)) for i in range(4)]
         assert all(w.done(bid).error == 0 for bid in ids)  # written, not yet read
         shutdown(owner, w)
-        w.close()
-    finally:
-        owner.close()
     got = consume_all(broker.bootstrap, topic_name, 1, 20, timeout_s=20)
     assert sorted(r.value for r in got[0]) == sorted(
         v for i in range(4) for v in values(f"z{i}", 5)

@@ -321,21 +321,7 @@ class Worker(WorkerCore):
                         and (stage := stages[0]).nbytes + size <= stage.limit
                         and stage.plain
                     ):
-                        row = stage.n
-                        if vb is None:
-                            stage.add_value_null(row)
-                        else:
-                            stage.values += vb
-                        stage.value_offsets.append(len(stage.values))
-                        if kb is None:
-                            stage.add_key_null(row)
-                        else:
-                            stage.keys += kb
-                        stage.key_offsets.append(len(stage.keys))
-                        stage.timestamps.append(ts)
-                        stage.n = row + 1
-                        stage.nbytes += size
-                        return RecordFuture(stage, row)
+                        return RecordFuture(stage, stage.append(kb, vb, ts, size))
             while True:
                 fut = self._stage_record(topic, kb, vb, pairs, hlen, ts, partition, size)
                 if fut is not None:
@@ -389,24 +375,11 @@ class Worker(WorkerCore):
                 stage.set_partition(row, p, size, self._batch_size)
             elif stage.partitions is not None:
                 stage.pad_partition()
-            if vb is None:
-                stage.add_value_null(row)
-            else:
-                stage.values += vb
-            stage.value_offsets.append(len(stage.values))
-            if kb is None:
-                stage.add_key_null(row)
-            else:
-                stage.keys += kb
-            stage.key_offsets.append(len(stage.keys))
-            stage.timestamps.append(ts)
             if pairs is not None:
                 stage.set_headers(row, pairs, hlen)
             elif stage.headers is not None:
                 stage.pad_headers()
-            stage.n = row + 1
-            stage.nbytes += size
-            return RecordFuture(stage, row)
+            return RecordFuture(stage, stage.append(kb, vb, ts, size))
 
     def _new_stage_locked(self, topic: str, entry: TopicEntry) -> Stage:
         """A new stage for ``topic``; the I/O thread flushes it ``linger_ms`` from now.

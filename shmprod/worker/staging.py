@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from shmprod.futures import BatchOutcome, RecordFuture, _call
 from shmprod.protocol.records import Header
+from shmprod.protocol.values import Blob
 
 __all__ = ["Stage"]
 
@@ -110,6 +111,25 @@ class Stage:
         self._callbacks: list[tuple[int, Callable[[RecordFuture], object], RecordFuture]] = []
 
     # -- appending (worker, state lock held) -------------------------------------------
+
+    def append(self, key: Blob | None, value: Blob | None, timestamp_ms: int, size: int) -> int:
+        """Stages one checked record's key, value and timestamp; returns its row. An
+        explicit partition or headers of the row are set before (their row is ``n``)."""
+        row = self.n
+        if value is None:
+            self.add_value_null(row)
+        else:
+            self.values += value
+        self.value_offsets.append(len(self.values))
+        if key is None:
+            self.add_key_null(row)
+        else:
+            self.keys += key
+        self.key_offsets.append(len(self.keys))
+        self.timestamps.append(timestamp_ms)
+        self.n = row + 1
+        self.nbytes += size
+        return row
 
     def add_value_null(self, row: int) -> None:
         if self.value_nulls is None:

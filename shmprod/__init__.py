@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 from shmprod.futures import BatchFuture, BatchMetadata, RecordFuture, RecordMetadata
 from shmprod.handle import Handle
+from shmprod.host import host_producer
 from shmprod.producer import Producer, attach
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "ShmprodError",
     "__version__",
     "attach",
+    "host_producer",
 ]

@@ -447,9 +447,10 @@ class WorkerCore:
 
     def _fair_share(self) -> int:
         """The most buffers this process keeps in stock: half the pool split over the
-        attached processes, at least 2."""
+        attached processes (0 in a pool too small to share: every flush then asks). The
+        other half stays free for flushes, so leases never starve one another."""
         workers = int(L.U64.unpack_from(self._view, self._geo.stats + L.S_WORKERS_ATTACHED)[0])
-        return max(2, self._geo.n_buffers // (2 * max(1, workers)))
+        return self._geo.n_buffers // (2 * max(1, workers))
 
     def _grow_lease(self, flush_buffers: int) -> None:
         """The lease covers the next few flushes as large as ``flush_buffers``, so one
@@ -465,11 +466,18 @@ class WorkerCore:
         a fair share; never more than a quarter of what the pool has free (an ask the pool
         cannot answer at once would wait at the head of its queue).
         Runs in: worker, state lock held."""
-        if self._prefetch_rid or self._fatal is not None or self._state != OPEN:
+        if self._fatal is not None or self._state != OPEN:
             return
         target = min(self._stock_target, self._fair_share())
         if self._stock_target == INITIAL_LEASE:  # before any flush: half a fair share
-            target = min(target, max(2, self._fair_share() // 2))
+            target = min(target, self._fair_share() // 2)
+        excess = len(self._stock) - target
+        if excess > 0:  # more than its share (late grants, fewer processes now): back
+            back, self._stock = self._stock[:excess], self._stock[excess:]
+            self._send_msg_locked(ipc.Release(1, tuple(back)))
+            return
+        if self._prefetch_rid:
+            return
         want = min(target - len(self._stock), self._pool_free() // 4)
         if want <= 0:
             return

@@ -203,11 +203,14 @@ def main() -> int:
     spec = pickle.loads(sys.stdin.buffer.read())
     sys.stdin.close()
     base: str = spec["base"]
-    if os.fork():  # the caller waits for this first process only: it exits now
+    child = os.fork()
+    if child:  # the caller waits for this first process only: it names the daemon, exits
+        tmp = f"{base}.pid.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(child))
+        os.rename(tmp, base + ".pid")  # before the caller looks: never a dead one's pid
         os._exit(0)
-    fd = os.open(base + ".pid", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:  # the daemon, reparented, in its own session
-        f.write(str(os.getpid()))
     idle_s = spec["idle_timeout_ms"] / 1000.0
     try:
         producer = Producer(**spec["options"])

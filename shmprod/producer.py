@@ -140,6 +140,7 @@ class Producer:
         self._lock = threading.Lock()
         self._closed = False
         self._workers: dict[int, Worker] = {}
+        self._own: Worker | None = None  # the owner's Worker, for send()'s fast path
         self._start()
 
     def __reduce__(self) -> Any:
@@ -236,6 +237,7 @@ class Producer:
             self._finalizer()
             raise
         self._workers[self._pid] = worker
+        self._own = worker
 
     def _worker(self) -> Worker:
         """This process's worker: the owner's own, or one attached after a fork."""
@@ -265,6 +267,7 @@ class Producer:
                 worker.close(timeout)
             return
         self._closed = True
+        self._own = None
         deadline = None if timeout is None else time.monotonic() + timeout
         worker = self._workers.pop(pid)
         try:
@@ -302,9 +305,10 @@ class Producer:
         timestamp_ms: int | None = None,
     ) -> RecordFuture:
         """Appends one record; the future resolves to its :class:`RecordMetadata`."""
-        return self._worker().send(
-            topic, value, key=key, headers=headers, partition=partition, timestamp_ms=timestamp_ms
-        )
+        w = self._own
+        if w is None or w._state:  # closing or closed, or a forked child (its copy is FORKED)
+            w = self._worker()
+        return w.send(topic, value, key, headers, partition, timestamp_ms)
 
     def send_batch(
         self,

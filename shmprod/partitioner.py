@@ -41,7 +41,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from shmprod.errors import ConfigError, EncodeError, ShmprodError
-from shmprod.protocol.columns import to_binary_array
+from shmprod.protocol.columns import to_binary_array, valid_mask
 
 __all__ = [
     "NO_PARTITION",
@@ -303,7 +303,7 @@ def _murmur2_arrow(arr: pa.Array) -> tuple[npt.NDArray[np.uint32], npt.NDArray[n
         starts = offsets[begin:end] - first
         lengths = np.diff(offsets[begin : end + 1])
         out[begin:end] = _murmur2_block(starts, lengths, data[first:last])
-    nulls = arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None
+    nulls = ~valid_mask(arr) if arr.null_count else None
     return out, nulls
 
 

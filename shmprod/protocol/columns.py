@@ -54,6 +54,51 @@ _FIX_COLUMN: Final = (
 # ---------------------------------------------------------------------------------------
 
 
+def index_array(rows: npt.NDArray[np.integer[Any]]) -> pa.Array:
+    """Row numbers as an Arrow int64 array for ``take``. Not ``pa.array``: that imports
+    pandas when it is installed (0.2-0.3 s and tens of MB in every worker process)."""
+    ix = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(ix), [None, pa.py_buffer(ix)])
+
+
+def binary_array(items: list[bytes]) -> pa.Array:
+    """A list of bytes as an Arrow large_binary array (without ``pa.array``: see
+    :func:`index_array`)."""
+    lengths = np.fromiter(map(len, items), np.int64, len(items))
+    offsets = np.zeros(len(items) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = pa.py_buffer(b"".join(items))
+    return pa.Array.from_buffers(pa.large_binary(), len(items), [None, pa.py_buffer(offsets), data])
+
+
+def binary_lengths(arr: pa.Array) -> npt.NDArray[np.int64]:
+    """Byte length of each row of a binary or large_binary array (null: 0), a new
+    writable array, from the offsets (no pandas: see :func:`index_array`)."""
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+        arr = arr.cast(pa.large_binary())
+    off_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], dtype=off_type)[arr.offset : arr.offset + n + 1]
+    lengths: npt.NDArray[np.int64] = np.subtract(offsets[1:], offsets[:-1], dtype=np.int64)
+    if arr.null_count:
+        lengths[~valid_mask(arr)] = 0
+    return lengths
+
+
+def valid_mask(arr: pa.Array) -> npt.NDArray[np.bool_]:
+    """True where ``arr`` holds a value, read from its validity bitmap. Not
+    ``is_valid().to_numpy(zero_copy_only=False)``: that imports pandas (see
+    :func:`index_array`)."""
+    n = len(arr)
+    bitmap = arr.buffers()[0] if arr.null_count else None
+    if bitmap is None:
+        return np.ones(n, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[arr.offset : arr.offset + n].astype(bool)
+
+
 def to_binary_array(column: Any, what: str = "values") -> pa.Array:
     """A column as one Arrow binary (or large_binary) array, by the rule above.
 

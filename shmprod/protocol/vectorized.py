@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from shmprod.errors import EncodeError
 from shmprod.protocol import compression as _codecs
 from shmprod.protocol import records as _records
-from shmprod.protocol.columns import to_binary_array
+from shmprod.protocol.columns import binary_array, to_binary_array, valid_mask
 from shmprod.protocol.compression import NONE
 from shmprod.protocol.primitives import INT32_MAX
 from shmprod.protocol.records import HEADER_SIZE, Header, NewRecord
@@ -98,9 +98,14 @@ def _lengths(arr: pa.Array) -> tuple[pa.Array, I64, bool]:
     lengths = np.subtract(offsets[1:], offsets[:-1], dtype=np.int64)
     has_null = arr.null_count > 0
     if has_null:
-        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        valid = valid_mask(arr)
         lengths[~valid] = -1
-        arr = pc.fill_null(arr, pa.scalar(b"", arr.type))
+        # nulls become empty values: if_else against an all-empty array of the same
+        # type (pc.fill_null needs a pa.scalar, and pa.scalar imports pandas)
+        empty = pa.Array.from_buffers(
+            arr.type, n, [None, pa.py_buffer(np.zeros(n + 1, off_type)), pa.py_buffer(b"")]
+        )
+        arr = pc.if_else(arr.is_valid(), arr, empty)
     return arr, lengths, has_null
 
 
@@ -205,8 +210,7 @@ def _headers(headers: HeadersArg, n: int) -> tuple[bytes, pa.Array | None, I64 |
     if len(headers) != n:
         raise EncodeError(f"per-row headers: {len(headers)} lists for {n} rows")
     sections = [_records.encode_headers(h) for h in headers]  # type: ignore[arg-type]
-    arr = pa.array(sections, type=pa.binary())
-    return b"", arr, np.fromiter(map(len, sections), np.int64, n)
+    return b"", binary_array(sections), np.fromiter(map(len, sections), np.int64, n)
 
 
 # ---------------------------------------------------------------------------------------

@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from shmprod import ipc
 from shmprod.errors import (
@@ -69,6 +68,7 @@ from shmprod.errors import (
 from shmprod.futures import BatchFuture, BatchOutcome
 from shmprod.partitioner import Murmur2Partitioner, PartitionerError
 from shmprod.protocol import vectorized as V
+from shmprod.protocol.columns import binary_lengths, index_array
 from shmprod.protocol.records import HEADER_SIZE, Header
 from shmprod.worker import append as A
 from shmprod.worker.inputs import check_timestamp, encoded_headers
@@ -112,8 +112,7 @@ def _binary(column: Any, what: str) -> pa.Array:
 def _lengths(arr: pa.Array) -> I64:
     """Byte length of each row (null: 0), as a numpy array of this call's own (Arrow's
     zero-copy views are read-only)."""
-    out: I64 = np.array(pc.fill_null(pc.binary_length(arr), 0), dtype=np.int64)
-    return out
+    return binary_lengths(arr)
 
 
 def _is_pair(item: object) -> bool:
@@ -253,7 +252,7 @@ def _group(cols: Columns, parts: I32) -> _Group:
     cuts = (np.flatnonzero(np.diff(sp)) + 1).tolist()
     bounds = [0, *cuts, n]
     ranges = [(int(sp[lo]), lo, hi) for lo, hi in itertools.pairwise(bounds)]
-    idx = pa.array(order)
+    idx = index_array(order)
     values = cols.values.take(idx)
     keys = cols.keys.take(idx) if cols.keys is not None else None
     ts = cols.timestamps if isinstance(cols.timestamps, int) else cols.timestamps[order]
@@ -637,7 +636,7 @@ def _flush_stage(w: Worker, stage: Stage) -> None:
 
 
 def _take_rows(cols: Columns, rows: npt.NDArray[np.intp]) -> Columns:
-    idx = pa.array(rows)
+    idx = index_array(rows)
     headers = cols.headers
     if cols.per_row_headers:
         assert isinstance(headers, list)

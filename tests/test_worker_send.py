@@ -71,6 +71,23 @@ def test_records_decode_back_exactly(fake: FakeSender, w: Worker) -> None:
         assert b.length <= fake.config.batch_size
 
 
+def test_a_buffer_reused_after_send_does_not_change_the_record(fake: FakeSender, w: Worker) -> None:
+    """send() keeps staged records until the flush: a bytearray or memoryview the caller
+    fills again right after the call must not change what was sent."""
+    buf = bytearray(b"first-value")
+    key = bytearray(b"k1")
+    arr = np.frombuffer(bytearray(b"view-value"), dtype=np.uint8)
+    f1 = w.send("events", buf, key=key, partition=0)
+    f2 = w.send("events", memoryview(arr), partition=0)
+    buf[:] = b"XXXXXXXXXXX"
+    key[:] = b"YY"
+    arr[:] = 0
+    w.flush(5)
+    got = fake.records("events")[0]
+    assert [(r.key, r.value) for r in got] == [(b"k1", b"first-value"), (None, b"view-value")]
+    assert f1.result(1).offset + 1 == f2.result(1).offset
+
+
 def test_linger_seals_a_partial_batch() -> None:
     with FakeSender(linger_ms=50) as fake, attach(fake.handle) as w:
         t0 = time.monotonic()

@@ -241,12 +241,15 @@ class _Group:
 
 
 def _group(cols: Columns, parts: I32) -> _Group:
-    """One stable argsort by partition and one take per column. Runs in: worker."""
+    """One stable argsort by partition and one take per column, unless every partition's
+    rows are one run already (null keys: runs of about a batch each). Runs in: worker."""
     n = cols.n
-    if int(parts.min()) == int(parts.max()):
-        return _Group(
-            None, cols.values, cols.keys, cols.timestamps, cols.headers, [(int(parts[0]), 0, n)]
-        )
+    starts = [0, *(np.flatnonzero(np.diff(parts)) + 1).tolist()]
+    run_parts = parts[starts].tolist()
+    if len(set(run_parts)) == len(run_parts):  # grouped already: no copy
+        bounds = [*starts, n]
+        ranges = [(p, bounds[i], bounds[i + 1]) for i, p in enumerate(run_parts)]
+        return _Group(None, cols.values, cols.keys, cols.timestamps, cols.headers, ranges)
     order = np.argsort(parts, kind="stable")
     sp = parts[order]
     cuts = (np.flatnonzero(np.diff(sp)) + 1).tolist()
@@ -536,10 +539,9 @@ def _write(
 def _stage_columns(stage: Stage) -> Columns:
     values = stage.value_column()
     keys = stage.key_column()
-    row_bytes: I64 = np.diff(np.frombuffer(stage.value_offsets, dtype=np.int64)).astype(np.int64)
+    row_bytes = _lengths(values)
     if keys is not None:
-        key_bytes = np.diff(np.frombuffer(stage.key_offsets, dtype=np.int64))
-        row_bytes = (row_bytes + key_bytes).astype(np.int64)
+        row_bytes += _lengths(keys)
     per_row = stage.headers is not None
     header_bytes = stage.header_max if per_row else 1
     return Columns(

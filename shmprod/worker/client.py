@@ -52,6 +52,7 @@ from shmprod.errors import (
 from shmprod.futures import BatchFuture, RecordFuture
 from shmprod.handle import Handle
 from shmprod.protocol.records import HEADER_SIZE, record_size
+from shmprod.protocol.values import Blob
 from shmprod.shm import Segment, SharedMemoryError
 from shmprod.worker import shmstats
 from shmprod.worker.cause import cause_from_header, cause_without_segment
@@ -144,6 +145,11 @@ def attach(handle: Handle, *, owner: bool = False) -> Worker:
     ``owner=True`` is for the process that created the producer.
     """
     return Worker(handle, owner=owner)
+
+
+def _frozen(b: Blob | None) -> bytes | None:
+    """``b`` as immutable bytes (a copy unless it is bytes already)."""
+    return b if b is None or type(b) is bytes else bytes(b)
 
 
 class Worker(WorkerCore):
@@ -291,14 +297,20 @@ class Worker(WorkerCore):
         if self._state or self._fatal is not None:
             self._refuse()
         try:
+            # staged as bytes: a mutable buffer is copied now, so a caller that reuses
+            # it after send() returns cannot change what is sent
             if self._key_ser is None:
-                kb = key if key is None or type(key) is bytes else as_bytes(key, "key")
+                kb = key if key is None or type(key) is bytes else _frozen(as_bytes(key, "key"))
             else:
-                kb = serialize(self._key_ser, key, "key")
+                kb = _frozen(serialize(self._key_ser, key, "key"))
             if self._value_ser is None:
-                vb = value if value is None or type(value) is bytes else as_bytes(value, "value")
+                vb = (
+                    value
+                    if value is None or type(value) is bytes
+                    else _frozen(as_bytes(value, "value"))
+                )
             else:
-                vb = serialize(self._value_ser, value, "value")
+                vb = _frozen(serialize(self._value_ser, value, "value"))
             hlen = 1
             pairs: list[Any] | None = None
             if headers is not None:
@@ -330,16 +342,8 @@ class Worker(WorkerCore):
                     ):
                         # Stage.append, inlined: this line runs once per record
                         row = stage.n
-                        if vb is None:
-                            stage.add_value_null(row)
-                        else:
-                            stage.values += vb
-                        stage.value_offsets.append(len(stage.values))
-                        if kb is None:
-                            stage.add_key_null(row)
-                        else:
-                            stage.keys += kb
-                        stage.key_offsets.append(len(stage.keys))
+                        stage.values.append(vb)
+                        stage.keys.append(kb)
                         stage.timestamps.append(ts)
                         stage.n = row + 1
                         stage.nbytes += size

@@ -48,7 +48,7 @@ def main(bootstrap: str | None) -> None:
 
             # a pandas DataFrame: text columns as UTF-8; numbers converted explicitly
             df = pd.DataFrame({"user": [17, 42, 17], "event": ['{"a": 1}', '{"b": 2}', "{}"]})
-            dmd = p.send_batch("events", df["event"], keys=df["user"].astype(str))
+            dmd = p.send_batch("events", df["event"], keys=df["user"].astype("string"))
             print("DataFrame rows:", len(dmd.result(timeout=30)))
 
             # other processes of this host: give them the handle, attach there

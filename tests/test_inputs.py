@@ -63,6 +63,11 @@ from shmprod.protocol.values import as_bytes
         (pa.chunked_array([["m"], ["n", None]]), [b"m", b"n", None]),
         (pa.chunked_array([], pa.string()), []),
         (pa.nulls(2), [None, None]),
+        # elements that send() takes are taken in a list too: one rule for both calls
+        (
+            [np.frombuffer(b"u8", np.uint8), array.array("B", b"ab"), None],
+            [b"u8", b"ab", None],
+        ),
     ],
     ids=lambda v: type(v).__name__,
 )
@@ -86,6 +91,7 @@ def test_accepted_columns(column: Any, expected: list[bytes | None]) -> None:
         ([1, 2], "int"),
         ([b"a", 1.5], "float"),
         ([b"ok", memoryview(array.array("i", [1]))], "'i'"),
+        ([b"ok", np.array([-1, 2], np.int8)], "'b'"),  # numbers, though one byte each
         (np.array([b"x", math.nan], dtype=object), "float"),  # NaN is null in pandas only
         ("abc", "str"),  # a single str is not a column of three
         (b"abc", "bytes"),
@@ -119,7 +125,16 @@ def test_accepted_scalars(value: Any, expected: bytes | None) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [42, 1.5, True, np.int64(42), np.float32(1), memoryview(array.array("i", [1])), object()],
+    [
+        42,
+        1.5,
+        True,
+        np.int64(42),
+        np.float32(1),
+        memoryview(array.array("i", [1])),
+        np.array([-1, 2], np.int8),  # one byte per item, but numbers: never their bytes
+        object(),
+    ],
     ids=lambda v: type(v).__name__,
 )
 def test_refused_scalars(value: Any) -> None:

@@ -20,7 +20,7 @@ fixed_size_binary, dictionary of them  dictionary is decoded; chunked arrays too
 =====================================  ==============================================
 
 Numbers, booleans, dates and every other type are refused, with the fix in the message
-(e.g. ``keys.astype(str)`` for decimal text). A single ``str`` or ``bytes`` is not a
+(e.g. ``keys.astype("string")`` for decimal text from pandas). A single ``str`` or ``bytes`` is not a
 column.
 
 Runs in: worker (pure functions, no shared state).
@@ -37,15 +37,15 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from shmprod.errors import EncodeError
-from shmprod.protocol.values import BYTE_FORMATS, describe
+from shmprod.protocol.values import as_bytes, describe
 
 __all__ = ["to_binary_array"]
 
 _LARGE: Final = 1 << 31  # past this many bytes a column needs 64-bit offsets
 _FIX_COLUMN: Final = (
-    "convert the column first: for numbers as decimal text e.g. col.astype(str) (numpy, "
-    "pandas) or pyarrow.compute.cast(col, pyarrow.string()); numbers are never taken as "
-    "their machine bytes"
+    "convert the column first: for numbers as decimal text e.g. col.astype(str) (numpy), "
+    'col.astype("string") (pandas: nulls stay null) or pyarrow.compute.cast(col, '
+    "pyarrow.string()); numbers are never taken as their machine bytes"
 )
 
 
@@ -184,15 +184,8 @@ def _from_objects(items: Sequence[Any], what: str, *, pandas_nulls: bool) -> pa.
     """A sequence of Python objects: bytes-like, str or None each (pandas: NaN and pd.NA
     are null too). One C conversion; a type scan first, since pyarrow would take any
     memoryview's raw bytes."""
-    kinds = set(map(type, items))
-    if memoryview in kinds:
-        for i, item in enumerate(items):
-            if type(item) is memoryview and (item.format not in BYTE_FORMATS or item.itemsize != 1):
-                raise EncodeError(
-                    f"{what}[{i}] is a memoryview of {item.format!r} items, not bytes: "
-                    + _FIX_COLUMN
-                )
-        items = [bytes(x) if type(x) is memoryview else x for x in items]
+    if not set(map(type, items)) <= _PLAIN:  # buffers (memoryview, numpy uint8, ...)
+        items = [_plain(item, f"{what}[{i}]", pandas_nulls) for i, item in enumerate(items)]
     try:
         return pa.array(items, type=pa.binary(), from_pandas=pandas_nulls)
     except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError, ValueError):
@@ -209,6 +202,21 @@ def _from_objects(items: Sequence[Any], what: str, *, pandas_nulls: bool) -> pa.
         return pa.array(items, type=pa.large_binary(), from_pandas=pandas_nulls)
     except (pa.ArrowException, UnicodeEncodeError) as exc:
         raise EncodeError(f"{what} cannot be converted to binary: {exc}") from None
+
+
+_PLAIN: Final = frozenset({bytes, bytearray, str, type(None)})
+
+
+def _plain(item: object, what: str, pandas_nulls: bool) -> object:
+    """One element by the rule of :func:`shmprod.protocol.values.as_bytes` (what ``send``
+    takes), as bytes, str or None; pandas nulls stay for pyarrow to see."""
+    if type(item) in _PLAIN or (pandas_nulls and _is_pandas_null(item)):
+        return item
+    try:
+        b = as_bytes(item, what)
+    except EncodeError as exc:
+        raise EncodeError(f"{exc}; {_FIX_COLUMN}") from None
+    return b if b is None or type(b) is bytes else bytes(b)
 
 
 def _is_pandas_null(item: object) -> bool:

@@ -10,7 +10,8 @@ alike (:mod:`shmprod.protocol.columns` applies it to whole columns):
 
 Anything else is refused with :class:`EncodeError` naming the type (or dtype) and how to
 convert it. Nothing is ever reinterpreted: an int is not its machine bytes, and a buffer
-of int32 items (``memoryview(array('i', ...))``, a numpy int scalar) is not bytes.
+of numbers (``memoryview(array('i', ...))``, a numpy ``int8`` array, a numpy int scalar)
+is not bytes.
 
 Runs in: any process (pure functions; no numpy or pyarrow import: the sender uses it).
 """
@@ -24,7 +25,7 @@ from shmprod.errors import EncodeError
 __all__ = ["BYTE_FORMATS", "Blob", "as_bytes", "describe"]
 
 Blob = bytes | bytearray | memoryview
-BYTE_FORMATS: Final = frozenset({"B", "b", "c"})  # buffer formats of single bytes
+BYTE_FORMATS: Final = frozenset({"B", "c"})  # buffer formats of single bytes (not "b": int8)
 
 
 def _fix(what: str) -> str:

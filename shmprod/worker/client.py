@@ -209,6 +209,10 @@ class Worker(WorkerCore):
                 raise type(cause)(
                     f"cannot reach the producer's control socket ({exc.strerror}): {cause}"
                 ) from None
+            except OSError as exc:  # a full listen backlog, a timeout, ...: still typed
+                raise self._attach_failed(
+                    f"connecting to the control socket failed ({exc})"
+                ) from None
             hello = ipc.Hello(handle.secret, self._pid, ipc.process_start_us(self._pid), owner)
             deadline = time.monotonic() + timeout
             try:

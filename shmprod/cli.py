@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -47,6 +48,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         workers=args.workers,
     )
+
+
+def _writable(path: str) -> str:
+    """An argparse type: a file path whose folder exists and is writable (usage error,
+    exit status 2, before anything starts, not after the whole run)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write a report to {path!r}")
+    return path
 
 
 def _int_range(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -103,9 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--value-size",
-        type=_int_range(16, 1 << 20),
+        type=_int_range(16, 64 << 10),  # a record must fit max_request_size (1 MiB)
         default=100,
-        help="approximate value bytes, 16 to 1 MiB (100)",
+        help="approximate value bytes, 16 to 65536 (100)",
     )
     demo.add_argument(
         "--partitions", type=_int_range(1, 10_000), default=8, help="topic partitions (8)"
@@ -125,7 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="use this broker (host:port) instead of starting an embedded one",
     )
-    demo.add_argument("--report", default="shmprod-demo-report.json", help="JSON report path")
+    demo.add_argument(
+        "--report",
+        type=_writable,
+        default="shmprod-demo-report.json",
+        help="JSON report path",
+    )
     demo.add_argument("--quiet", action="store_true", help="no progress line")
     demo.set_defaults(func=_cmd_demo)
 

@@ -60,6 +60,8 @@ def test_version_and_help() -> None:
         (["demo", "--workers", "0"], "--workers: 0 is out of range"),
         (["demo", "--partitions", "0"], "--partitions: 0 is out of range"),
         (["demo", "--value-size", "x"], "'x' is not an integer"),
+        (["demo", "--value-size", str(1 << 20)], "--value-size: 1048576 is out of range"),
+        (["demo", "--report", "/nonexistent-dir/r.json"], "cannot write a report"),
         (["demo", "--bootstrap", "nope"], "not host:port"),
         (["broker", "--port", "70000"], "--port: 70000 is out of range"),
         (["broker", "--topic", "t:0"], "--topic: 0 is out of range"),

@@ -133,6 +133,7 @@ def test_accepted_scalars(value: Any, expected: bytes | None) -> None:
         np.float32(1),
         memoryview(array.array("i", [1])),
         np.array([-1, 2], np.int8),  # one byte per item, but numbers: never their bytes
+        np.uint8(5),  # a single number, though its buffer is one unsigned byte
         object(),
     ],
     ids=lambda v: type(v).__name__,
@@ -165,6 +166,13 @@ def _stripped(b: bytes) -> bytes:
     return b.rstrip(b"\x00")
 
 
+_NUMPY_NUMBERS = ["int8", "uint8", "int32", "int64", "uint64", "float32", "float64", "bool"]
+_NUMPY_NUMBERS += ["datetime64[ms]"]
+_PANDAS_NUMBERS = ["int64", "float64", "bool", "Int64", "UInt8", "boolean", "Float64"]
+_PANDAS_NUMBERS += ["category", "datetime64[ns]"]
+_ARROW_NUMBERS = [pa.int8(), pa.uint8(), pa.int64(), pa.float32(), pa.bool_(), pa.timestamp("ms")]
+
+
 @st.composite
 def cases(draw: Callable[..., Any], n: int) -> Case:
     """One column of ``n`` rows in one of the accepted or refused forms."""
@@ -183,10 +191,10 @@ def cases(draw: Callable[..., Any], n: int) -> Case:
                 "arrow-string_view",
                 "arrow-dictionary",
                 "arrow-chunked",
-                "numpy-int",
-                "numpy-float",
-                "pandas-Int64",
-                "arrow-int",
+                "arrow-large_binary",
+                "numpy-number",
+                "pandas-number",
+                "arrow-number",
                 "list-int",
             ]
         )
@@ -229,11 +237,13 @@ def cases(draw: Callable[..., Any], n: int) -> Case:
     if form == "pandas-category":
         rows = draw(st.lists(st.sampled_from(["a", "bb", "\u00e7"]), min_size=n, max_size=n))
         return Case(form, pd.Series(rows, dtype="category"), [r.encode() for r in rows], None)
-    if form.startswith("arrow-") and form != "arrow-int":
+    if form.startswith("arrow-") and form != "arrow-number":
         rows = draw(st.lists(st.one_of(_text, st.none()), min_size=n, max_size=n))
         exp = [None if r is None else r.encode() for r in rows]
         if form == "arrow-binary":
             col: Any = pa.array(exp, pa.binary())
+        elif form == "arrow-large_binary":
+            col = pa.array(exp, pa.large_binary())
         elif form == "arrow-large_string":
             col = pa.array(rows, pa.large_string())
         elif form == "arrow-string_view":
@@ -246,15 +256,20 @@ def cases(draw: Callable[..., Any], n: int) -> Case:
                 [pa.array(rows[:cut], pa.string()), pa.array(rows[cut:], pa.string())]
             )
         return Case(form, col, exp, None)
-    ints = draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=n, max_size=n))
-    if form == "numpy-int":
-        return Case(form, np.array(ints, np.int64), None, list(np.array(ints, np.int64)))
-    if form == "numpy-float":
-        return Case(form, np.array(ints, np.float64) / 2, None, None)
-    if form == "pandas-Int64":
-        return Case(form, pd.Series(ints, dtype="Int64"), None, None)
-    if form == "arrow-int":
-        return Case(form, pa.array(ints, pa.int64()), None, None)
+    ints = draw(st.lists(st.integers(0, 127), min_size=n, max_size=n))
+    if form == "numpy-number":  # uint8 and int8 too: one byte per item, still numbers
+        dtype = draw(st.sampled_from(_NUMPY_NUMBERS))
+        arr = np.array(ints).astype(dtype)
+        return Case(form, arr, None, list(arr))  # numpy scalars: refused by send() too
+    if form == "pandas-number":
+        dtype = draw(st.sampled_from(_PANDAS_NUMBERS))
+        series = pd.Series(ints)
+        if dtype == "boolean":
+            series = series > 50
+        return Case(form, series.astype(dtype), None, None)
+    if form == "arrow-number":
+        typ = draw(st.sampled_from(_ARROW_NUMBERS))
+        return Case(form, pa.array(ints, pa.int64()).cast(typ), None, None)
     return Case(form, ints, None if ints else [], ints)  # an empty list holds no int
 
 

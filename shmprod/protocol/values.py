@@ -57,6 +57,11 @@ def as_bytes(obj: object, what: str) -> Blob | None:
             f"{what} must be bytes, str or None, got {describe(obj)} (a buffer of "
             f"{mv.format!r} items, not bytes): {_fix(what)}"
         )
+    if mv.ndim == 0:  # a numpy scalar such as np.uint8(5): a number, not a byte string
+        raise EncodeError(
+            f"{what} must be bytes, str or None, got {describe(obj)} (a single number): "
+            f"{_fix(what)}"
+        )
     if not mv.c_contiguous:
         raise EncodeError(f"{what} must be a C-contiguous buffer")
     return mv if mv.ndim == 1 and mv.format == "B" else mv.cast("B")

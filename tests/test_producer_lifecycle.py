@@ -364,7 +364,10 @@ def _send_until_closed(handle: Handle, topic: str, out: Any) -> None:
                 time.sleep(0.001)
     except ShmprodError as exc:
         out.put(("call", type(exc).__name__, str(exc)))
-    failed = {type(e).__name__ for f in futs if (e := f.exception(30)) is not None}
+    try:  # a future that never resolves is a bug: say so instead of leaving out empty
+        failed = {type(e).__name__ for f in futs if (e := f.exception(30)) is not None}
+    except BaseException as exc:
+        failed = {f"no outcome: {exc!r}"}
     out.put(("futures", sorted(failed), ""))
 
 

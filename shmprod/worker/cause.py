@@ -14,6 +14,8 @@ Runs in: worker (reads the HEADER only; no lock: single aligned fields).
 
 from __future__ import annotations
 
+import time
+
 import psutil
 
 from shmprod import layout as L
@@ -26,7 +28,9 @@ from shmprod.errors import (
     error_from_code,
 )
 
-__all__ = ["alive", "cause_from_header", "cause_without_segment"]
+__all__ = ["alive", "cause_after_break", "cause_from_header", "cause_without_segment"]
+
+_DYING_S = 0.5  # how long a broken connection waits for a dying process to show
 
 
 def alive(pid: int, start_us: int = 0) -> bool:
@@ -66,6 +70,18 @@ def cause_from_header(view: memoryview) -> ShmprodError:
             "any more; its owner must create a new Producer"
         )
     return ProducerError("the producer's control connection ended")
+
+
+def cause_after_break(view: memoryview, wait_s: float = _DYING_S) -> ShmprodError:
+    """:func:`cause_from_header` once a connection broke. A SIGKILLed process closes its
+    sockets before it is a zombie, so a producer that still looks alive is looked at
+    again for up to ``wait_s`` (the generic ProducerError when nothing shows)."""
+    cause = cause_from_header(view)
+    deadline = time.monotonic() + wait_s
+    while type(cause) is ProducerError and time.monotonic() < deadline:
+        time.sleep(0.01)
+        cause = cause_from_header(view)
+    return cause
 
 
 def cause_without_segment(owner_pid: int) -> ShmprodError:

@@ -55,7 +55,7 @@ from shmprod.protocol.records import HEADER_SIZE, record_size
 from shmprod.protocol.values import Blob
 from shmprod.shm import Segment, SharedMemoryError
 from shmprod.worker import shmstats
-from shmprod.worker.cause import cause_from_header, cause_without_segment
+from shmprod.worker.cause import cause_after_break, cause_from_header, cause_without_segment
 from shmprod.worker.core import _BUSY, CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
 from shmprod.worker.inputs import (
     as_bytes,
@@ -200,7 +200,7 @@ class Worker(WorkerCore):
             try:
                 sock.connect(handle.socket_path)
             except (FileNotFoundError, ConnectionRefusedError) as exc:
-                cause = cause_from_header(self._view)
+                cause = cause_after_break(self._view)
                 if type(cause) is ProducerError:  # it looks alive, but not there
                     cause = ProducerClosedError(
                         "nothing listens at the handle's socket path (a handle of another "
@@ -253,7 +253,7 @@ class Worker(WorkerCore):
     def _attach_failed(self, what: str) -> ShmprodError:
         """A typed error for an attach that broke off: what the segment says happened
         (closed by its owner, owner or sender dead), else SenderDiedError."""
-        cause = cause_from_header(self._view)
+        cause = cause_after_break(self._view)
         if type(cause) is ProducerError:  # the producer looks alive: it refused us
             return SenderDiedError(what)
         return type(cause)(f"{what}: {cause}")

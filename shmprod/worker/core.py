@@ -518,7 +518,8 @@ class WorkerCore:
             self._sock.sendall(data)
         except OSError as exc:
             self._mark_dead_locked(f"the control connection failed: {exc!r}")
-            raise SenderDiedError(f"the sender is unreachable: {exc!r}") from None
+            assert self._fatal is not None
+            raise error_from_code(*self._fatal) from None  # closed, owner or sender dead
 
     def _mark_dead_locked(self, message: str) -> None:
         """Records why the producer cannot be reached (closed by its owner, owner or
@@ -532,9 +533,9 @@ class WorkerCore:
 
     def _cause(self, what: str) -> tuple[int, str]:
         """(code, message) of why the control connection ended, from the HEADER."""
-        from shmprod.worker.cause import cause_from_header
+        from shmprod.worker.cause import cause_after_break
 
-        cause = cause_from_header(self._view)
+        cause = cause_after_break(self._view)
         if type(cause) is ProducerError:  # nothing recorded: the sender is gone somehow
             return SenderDiedError.code, what
         return int(getattr(cause, "code", SenderDiedError.code)), f"{cause} ({what})"

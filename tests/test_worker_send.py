@@ -274,6 +274,26 @@ def test_buffer_exhaustion_blocks_then_raises_then_recovers() -> None:
         assert all(f.done() for f in futs)
 
 
+def test_a_flush_short_of_buffers_keeps_no_stock() -> None:
+    """A process that cannot get every buffer a flush needs within max_block_ms holds
+    none back: with a stock kept, two processes short of a few buffers each waited for
+    the other's until their records' delivery timeout. (A guard: the race itself is
+    the fault matrix's full-pool row, which failed about one run in eight.)"""
+    with (
+        FakeSender(
+            hold_done=True, max_block_ms=200, request_timeout_ms=1000, delivery_timeout_ms=5000
+        ) as fake,
+        attach(fake.handle) as w,
+    ):
+        with pytest.raises(BufferExhaustedError):
+            for i in range(fake.geo.n_buffers * 40):  # bounded: far more than the pool holds
+                w.send("events", b"x" * 300, partition=i % 3)
+        assert w.stats()["worker"]["stock_buffers"] == 0
+        fake.hold_done = False
+        fake.release_held()
+        w.flush(5)
+
+
 def test_done_error_fails_the_records() -> None:
     with FakeSender(done_error=87) as fake, attach(fake.handle) as w:
         futs = [w.send("events", b"v", partition=0) for _ in range(3)]

@@ -417,10 +417,15 @@ class WorkerCore:
                         "still wanted)"
                     )
                 self._wait_locked(remaining / 1e9)
-        except BaseException:
+        except BaseException as exc:
             del self._requests[rid]
             self._buffer_wait_ns += time.monotonic_ns() - waited_from
             self._give_back_locked(got + req.buffers, run)
+            if isinstance(exc, BufferExhaustedError):
+                # a process that cannot get all it needs holds nothing back: with a
+                # stock kept, two processes short of a few buffers each waited for the
+                # other's until their records' delivery timeout
+                self._release_stock_locked()
             raise
         del self._requests[rid]
         self._buffer_wait_ns += time.monotonic_ns() - waited_from
@@ -494,10 +499,16 @@ class WorkerCore:
             return
         req = self._requests.get(g.request_id)
         if req is None:
-            if g.request_id == self._prefetch_rid:
+            prefetch = g.request_id == self._prefetch_rid
+            if prefetch:
                 self._prefetch_rid = 0
-            if not g.error:
+            if g.error:
+                return
+            if prefetch:  # the lease asked for it: the stock
                 self._give_back_locked(list(g.buffers), g.run)
+            elif self._fatal is None:  # a request given up (max_block_ms): not hoarded
+                with contextlib.suppress(ShmprodError):
+                    self._send_msg_locked(ipc.Release(g.run, tuple(g.buffers)))
             return
         if g.error:
             req.error = g.error

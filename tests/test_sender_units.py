@@ -234,17 +234,17 @@ def test_policy_decisions() -> None:
     ident.set_identity(9, 0)
     b = batch(0, count=2, deadline_ns=1000)
     assert decide(0, b, ident, retries=5, now_ns=0).action is Action.SUCCEED
-    # DUPLICATE_SEQUENCE_NUMBER is success only for a batch sent before with its sequence
-    b.sends = 2
+    # DUPLICATE_SEQUENCE_NUMBER is success only for a batch that an unanswered request
+    # carried before with its sequence (an answered error means it was not written)
+    b.maybe_written = True
     assert decide(ec.DUPLICATE_SEQUENCE_NUMBER, b, ident, 5, 0).action is Action.SUCCEED
-    b.sends = 1
+    b.maybe_written = False
     first = decide(ec.DUPLICATE_SEQUENCE_NUMBER, b, ident, 5, 0)
     assert (first.action, first.code, first.reset_producer) == (
         Action.FAIL,
         ec.DUPLICATE_SEQUENCE_NUMBER,
         True,
     )
-    b.sends = 0
     nl = decide(ec.NOT_LEADER_OR_FOLLOWER, b, ident, 5, 0)
     assert nl.action is Action.RETRY and nl.refresh_metadata
     rt = decide(ec.REQUEST_TIMED_OUT, b, ident, 5, 0)

@@ -49,7 +49,9 @@ class Batch:
     producer_id: int = -1  # the identity the sequence belongs to
     producer_epoch: int = -1
     in_flight: bool = False
-    sends: int = 0  # requests that carried it with its current sequence (idempotence)
+    # a request carried it with its current sequence and was never answered (lost with
+    # its connection, or timed out): the broker may hold it (idempotence)
+    maybe_written: bool = False
     unresolved: bool = False  # sent with its sequence, never answered: fate unknown
     reported: bool = False  # its outcome went to the worker (early: deadline in flight)
     last_error: int = 0

@@ -1256,8 +1256,10 @@ class Sender:
             ok: list[Batch] = []
             for batch in batches:
                 try:
+                    if batch.unresolved:  # the last request with it was never answered
+                        batch.maybe_written = True
                     if ident.assign(batch):
-                        batch.sends = 0  # a new sequence: never sent with it yet
+                        batch.maybe_written = False  # a new sequence: never sent with it
                         records.patch_producer_state(
                             self.view if batch.data is None else batch.data,
                             self.geo.buffer(batch.buffer) if batch.data is None else 0,
@@ -1294,7 +1296,6 @@ class Sender:
             return
         for batch in batches:
             batch.in_flight = True
-            batch.sends += 1
             self._flying.add(batch)
             batch.unresolved = ident.enabled
             slot = batch.partition_slot

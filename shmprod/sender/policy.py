@@ -42,8 +42,9 @@ def decide(
     """The decision for ``batch`` answered with ``code`` (0 = written).
 
     - 0: success. 46 DUPLICATE_SEQUENCE_NUMBER when idempotent: success only for a
-      batch that was sent before with this sequence (an earlier send was written and its
-      answer lost); for a first send it means another batch holds the sequence: fail.
+      batch that an earlier request carried with this sequence and never answered (it
+      may have been written, its answer lost); otherwise another batch holds the
+      sequence: fail, loudly.
     - 45 OUT_OF_ORDER_SEQUENCE_NUMBER: fallout of an earlier batch's failure (retry), or
       when the batch is the first unacknowledged one, a broken sequence: retry under a
       new epoch (reset). 59 UNKNOWN_PRODUCER_ID: the same reset, or a new producer id
@@ -61,10 +62,11 @@ def decide(
     if code == ec.NONE:
         return Decision(Action.SUCCEED, 0)
     if code == ec.DUPLICATE_SEQUENCE_NUMBER and identity.enabled:
-        if batch.sends >= 2:
+        if batch.maybe_written:
             return Decision(Action.SUCCEED, 0)  # an earlier send of it was written
-        # Never sent before with this sequence: the broker holds ANOTHER batch under it
-        # (two batches got one sequence). Success would lose this one: fail, loudly.
+        # No earlier send of it can have been written (none, or each was answered with
+        # an error): the broker holds ANOTHER batch under this sequence. Success would
+        # lose this one: fail, loudly.
         return Decision(Action.FAIL, code, retriable=True, reset_producer=True)
     reset = False
     retriable = True

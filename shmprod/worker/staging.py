@@ -154,12 +154,13 @@ class Stage:
     # -- columns (worker, the stage taken for a flush) ---------------------------------
 
     def value_column(self) -> pa.Array:
-        return _column(self.values)
+        return _column(self.values, self.values.count(None))
 
     def key_column(self) -> pa.Array | None:
-        if self.keys.count(None) == self.n:
+        nulls = self.keys.count(None)
+        if nulls == self.n:
             return None  # no row has a key
-        return _column(self.keys)
+        return _column(self.keys, nulls)
 
     def timestamp_column(self) -> npt.NDArray[np.int64]:
         return np.array(self.timestamps, dtype=np.int64)
@@ -238,11 +239,11 @@ class Stage:
         self._attach(row, fn, fut)
 
 
-def _column(items: list[bytes | None]) -> pa.Array:
-    """A large_binary Arrow array of ``items`` (one copy of the bytes). Built from
-    buffers: ``pa.array`` on a list would import pandas into every worker."""
+def _column(items: list[bytes | None], nulls: int) -> pa.Array:
+    """A large_binary Arrow array of ``items``, ``nulls`` of them None (one copy of the
+    bytes). Built from buffers: ``pa.array`` on a list would import pandas into every
+    worker."""
     n = len(items)
-    nulls = items.count(None)
     validity = None
     if nulls:
         valid = np.fromiter((x is not None for x in items), dtype=bool, count=n)

@@ -360,10 +360,9 @@ class Worker(WorkerCore):
                     return fut
                 # the stage is full: flush it first (a full pool refuses this record:
                 # BufferExhaustedError, with nothing of it staged)
-                self._flush_stages(
-                    [topic] if self._staged_total_locked() + size < _STAGED_MAX_BYTES else None,
-                    keep_when_full=True,
-                )
+                with self._lock:  # the I/O thread changes the stages meanwhile
+                    room = self._staged_total_locked() + size < _STAGED_MAX_BYTES
+                self._flush_stages([topic] if room else None, keep_when_full=True)
         except ShmprodError:
             with self._lock:
                 self._send_errors += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from shmprod.errors import (
     ConfigError,
     InvalidRecordError,
     InvalidTopicError,
+    OwnerDiedError,
     ProducerClosedError,
     ProducerHostError,
     RecordTooLargeError,
@@ -77,11 +79,12 @@ def test_close_leaves_nothing_behind(broker: EmbeddedBroker) -> None:
 
 OWNER_SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import pickle, sys, time
     from shmprod import Producer
     p = Producer(bootstrap_servers=sys.argv[1])
     p.send("life-owner", b"before death").result(timeout=30)
-    print(p.handle.segment, p.sender_pid, p.handle.socket_path, flush=True)
+    handle = pickle.dumps(p.handle).hex()
+    print(p.handle.segment, p.sender_pid, p.handle.socket_path, handle, flush=True)
     time.sleep(120)
     """
 )
@@ -96,7 +99,7 @@ def test_owner_killed_sender_cleans_up(broker: EmbeddedBroker) -> None:
     )
     try:
         assert owner.stdout is not None
-        segment, sender_s, sock = owner.stdout.readline().split()
+        segment, sender_s, sock, handle_hex = owner.stdout.readline().split()
         sender = int(sender_s)
         assert os.path.exists(f"/dev/shm/{segment}")
         owner.send_signal(signal.SIGKILL)
@@ -104,6 +107,9 @@ def test_owner_killed_sender_cleans_up(broker: EmbeddedBroker) -> None:
         assert _wait_until(lambda: _gone(sender), 15), "the sender outlived its owner"
         assert not os.path.exists(f"/dev/shm/{segment}")
         assert not os.path.exists(sock)
+        # attaching afterwards names what happened: the owner died (not "closed")
+        with pytest.raises(OwnerDiedError, match="is gone"):
+            attach(pickle.loads(bytes.fromhex(handle_hex)))
     finally:
         if owner.poll() is None:
             owner.kill()

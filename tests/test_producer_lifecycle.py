@@ -361,19 +361,33 @@ def test_pickling_a_producer_or_a_lambda_serializer_says_what_to_do(
 
 
 def _send_until_closed(handle: Handle, topic: str, out: Any) -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback_later(45, exit=False)  # a hang shows every thread's stack
     w = attach(handle)
     futs = []
+    end = time.monotonic() + 60  # bounded in time, not count: the owner closes after 1 s
     try:
-        for i in range(200_000):  # bounded: the owner closes within seconds
+        i = 0
+        while time.monotonic() < end:
             futs.append(w.send(topic, b"%d" % i))
+            i += 1
             if i % 1000 == 0:
-                time.sleep(0.001)
+                time.sleep(0.005)
+        out.put(("call", "no error within 60 s", ""))
     except ShmprodError as exc:
         out.put(("call", type(exc).__name__, str(exc)))
-    try:  # a future that never resolves is a bug: say so instead of leaving out empty
-        failed = {type(e).__name__ for f in futs if (e := f.exception(30)) is not None}
+    # the owner's close lets the sender drain for up to 30 s (a slow broker): one
+    # deadline for all futures, past which a future without an outcome is a bug
+    deadline = time.monotonic() + 50
+    try:
+        failed = {
+            type(e).__name__
+            for f in futs
+            if (e := f.exception(max(0.0, deadline - time.monotonic()))) is not None
+        }
     except BaseException as exc:
-        failed = {f"no outcome: {exc!r}"}
+        failed = {f"no outcome 50 s after the close: {exc!r}"}
     out.put(("futures", sorted(failed), ""))
 
 
@@ -392,7 +406,7 @@ def test_errors_name_what_happened(broker: EmbeddedBroker, topic_name: str) -> N
     handle = p.handle
     p.close()
     call = out.get(timeout=60)
-    futures = out.get(timeout=60)
+    futures = out.get(timeout=90)
     proc.join(30)
     assert call[1] == "ProducerClosedError" and "closed by its owner" in call[2], call
     assert set(futures[1]) <= {"ProducerClosedError"}, futures

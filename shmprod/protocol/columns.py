@@ -37,7 +37,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from shmprod.errors import EncodeError
-from shmprod.protocol.values import as_bytes, describe
+from shmprod.protocol.values import as_bytes, describe, frozen
 
 __all__ = ["to_binary_array"]
 
@@ -216,7 +216,7 @@ def _plain(item: object, what: str, pandas_nulls: bool) -> object:
         b = as_bytes(item, what)
     except EncodeError as exc:
         raise EncodeError(f"{exc}; {_FIX_COLUMN}") from None
-    return b if b is None or type(b) is bytes else bytes(b)
+    return frozen(b)
 
 
 def _is_pandas_null(item: object) -> bool:

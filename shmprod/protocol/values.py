@@ -22,7 +22,7 @@ from typing import Final
 
 from shmprod.errors import EncodeError
 
-__all__ = ["BYTE_FORMATS", "Blob", "as_bytes", "describe"]
+__all__ = ["BYTE_FORMATS", "Blob", "as_bytes", "describe", "frozen"]
 
 Blob = bytes | bytearray | memoryview
 BYTE_FORMATS: Final = frozenset({"B", "c"})  # buffer formats of single bytes (not "b": int8)
@@ -65,6 +65,12 @@ def as_bytes(obj: object, what: str) -> Blob | None:
     if not mv.c_contiguous:
         raise EncodeError(f"{what} must be a C-contiguous buffer")
     return mv if mv.ndim == 1 and mv.format == "B" else mv.cast("B")
+
+
+def frozen(b: Blob | None) -> bytes | None:
+    """``b`` as immutable bytes (a copy unless it is bytes already): what is kept past
+    the call that received it, so a caller who reuses a buffer cannot change it."""
+    return b if b is None or type(b) is bytes else bytes(b)
 
 
 def describe(obj: object) -> str:

@@ -52,7 +52,7 @@ from shmprod.errors import (
 from shmprod.futures import BatchFuture, RecordFuture
 from shmprod.handle import Handle
 from shmprod.protocol.records import HEADER_SIZE, record_size
-from shmprod.protocol.values import Blob
+from shmprod.protocol.values import frozen
 from shmprod.shm import Segment, SharedMemoryError
 from shmprod.worker import shmstats
 from shmprod.worker.cause import cause_after_break, cause_from_header, cause_without_segment
@@ -145,11 +145,6 @@ def attach(handle: Handle, *, owner: bool = False) -> Worker:
     ``owner=True`` is for the process that created the producer.
     """
     return Worker(handle, owner=owner)
-
-
-def _frozen(b: Blob | None) -> bytes | None:
-    """``b`` as immutable bytes (a copy unless it is bytes already)."""
-    return b if b is None or type(b) is bytes else bytes(b)
 
 
 class Worker(WorkerCore):
@@ -304,17 +299,17 @@ class Worker(WorkerCore):
             # staged as bytes: a mutable buffer is copied now, so a caller that reuses
             # it after send() returns cannot change what is sent
             if self._key_ser is None:
-                kb = key if key is None or type(key) is bytes else _frozen(as_bytes(key, "key"))
+                kb = key if key is None or type(key) is bytes else frozen(as_bytes(key, "key"))
             else:
-                kb = _frozen(serialize(self._key_ser, key, "key"))
+                kb = frozen(serialize(self._key_ser, key, "key"))
             if self._value_ser is None:
                 vb = (
                     value
                     if value is None or type(value) is bytes
-                    else _frozen(as_bytes(value, "value"))
+                    else frozen(as_bytes(value, "value"))
                 )
             else:
-                vb = _frozen(serialize(self._value_ser, value, "value"))
+                vb = frozen(serialize(self._value_ser, value, "value"))
             hlen = 1
             pairs: list[Any] | None = None
             if headers is not None:

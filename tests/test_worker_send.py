@@ -351,14 +351,17 @@ def test_growth_keeps_appending_to_the_partitions_open_batch() -> None:
         assert [r.value for r in ones[0].records] == [b"before", b"after"]
 
 
-def test_callbacks_run_in_the_io_thread(fake: FakeSender, w: Worker) -> None:
-    names: list[str] = []
-    done = threading.Event()
-    fut = w.send("events", b"v")
-    fut.add_done_callback(lambda f: (names.append(threading.current_thread().name), done.set()))
-    w.flush(5)
-    assert done.wait(5)
-    assert names[0].startswith("shmprod-worker-io")
+def test_callbacks_run_in_the_io_thread() -> None:
+    """A callback added while the record is pending runs in the worker's I/O thread (a
+    long linger: the record cannot be done before the callback is added)."""
+    with FakeSender(**SLOW_LINGER) as fake, attach(fake.handle) as w:
+        names: list[str] = []
+        done = threading.Event()
+        fut = w.send("events", b"v")
+        fut.add_done_callback(lambda f: (names.append(threading.current_thread().name), done.set()))
+        w.flush(5)
+        assert done.wait(5)
+        assert names[0].startswith("shmprod-worker-io")
 
 
 def test_threads_keep_their_own_order(fake: FakeSender, w: Worker) -> None:

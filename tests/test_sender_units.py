@@ -172,6 +172,20 @@ def test_accumulator_fifo_depth_and_retry_order() -> None:
     assert len(acc) == 0 and list(acc.ready_slots()) == []
 
 
+def test_retries_across_a_reset_keep_the_order_they_arrived_in() -> None:
+    """Sequences of two identities do not compare: a retried batch renumbered from 0
+    under a new producer id must not go before an older one still holding its old
+    sequence; between identities the order is the order of arrival."""
+    acc = Accumulator(shared())
+    old, new = batch(3), batch(3)
+    old.sequence, old.producer_id, old.producer_epoch = 100, 7, 0
+    new.sequence, new.producer_id, new.producer_epoch = 0, 8, 0  # renumbered already
+    old.attempts = new.attempts = 1
+    acc.requeue(new)
+    acc.requeue(old)
+    assert [acc.pop_head(3), acc.pop_head(3)] == [old, new]
+
+
 def test_accumulator_expires_batches_past_their_deadline() -> None:
     acc = Accumulator()
     early, late = batch(1, deadline_ns=100), batch(1, deadline_ns=300)

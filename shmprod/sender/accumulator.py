@@ -140,9 +140,16 @@ class Accumulator:
 
 def _before(a: Batch, b: Batch) -> bool:
     """Whether retried batch ``a`` must be resent before retried batch ``b``: by sequence
-    when both have one, else by arrival and, for pieces of one split batch, by their
-    first record."""
-    if a.sequence != NO_SEQUENCE and b.sequence != NO_SEQUENCE:
+    when both have one under the same producer id and epoch, else by arrival and, for
+    pieces of one split batch, by their first record. (Sequences of two identities do
+    not compare: a batch already renumbered from 0 under a new id would go before an
+    older one still holding its old sequence.)"""
+    if (
+        a.sequence != NO_SEQUENCE
+        and b.sequence != NO_SEQUENCE
+        and a.producer_id == b.producer_id
+        and a.producer_epoch == b.producer_epoch
+    ):
         return _seq_before(a.sequence, b.sequence)
     return (a.arrival, a.first_index) < (b.arrival, b.first_index)
 

@@ -20,8 +20,8 @@ fixed_size_binary, dictionary of them  dictionary is decoded; chunked arrays too
 =====================================  ==============================================
 
 Numbers, booleans, dates and every other type are refused, with the fix in the message
-(e.g. ``keys.astype("string")`` for decimal text from pandas). A single ``str`` or ``bytes`` is not a
-column.
+(e.g. ``keys.astype("string")`` for decimal text from pandas). A single ``str`` or
+``bytes`` is not a column.
 
 Runs in: worker (pure functions, no shared state).
 """

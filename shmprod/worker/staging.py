@@ -4,7 +4,7 @@
 (immutable ``bytes`` or None) and the timestamp to three lists of this process's
 :class:`Stage` of the topic (no copy, no encoding, no partitioning, no shared memory),
 and return a :class:`~shmprod.futures.RecordFuture` that names the stage and the row.
-Arrow turns the lists into columns at the flush, in C. A stage is flushed -- encoded as
+The flush joins each list into one Arrow column, in C. A stage is flushed -- encoded as
 whole Kafka batches by the same vectorized path as ``send_batch`` (murmur2 of every key
 at once, one stable sort by partition, numpy varints, straight into granted buffers) and
 handed to the sender -- when:

@@ -121,3 +121,30 @@ def test_eight_processes_one_producer(broker: EmbeddedBroker) -> None:
             assert (np.diff(mine) > 0).all(), f"order broken for process {proc} partition {part}"
     assert not os.path.exists(f"/dev/shm/{segment}"), "close() left the segment behind"
     assert not psutil.pid_exists(sender) or psutil.Process(sender).status() == "zombie"
+
+
+def test_send_batch_partitions_with_nulls_use_the_partitioner_for_those_rows(
+    broker: EmbeddedBroker, topic_name: str
+) -> None:
+    """An Arrow partitions column may hold nulls (Spark's Kafka sink allows a null
+    partition): those rows go where the key's murmur2 sends them, the others where
+    they say; an explicit bad partition is still refused."""
+    from shmprod.errors import UnknownPartitionError
+    from shmprod.partitioner import murmur2
+
+    broker.create_topic(topic_name, 4)
+    n = 2_000
+    keys = [b"k%d" % (i % 50) for i in range(n)]
+    parts = pa.array([i % 4 if i % 3 == 0 else None for i in range(n)], pa.int32())
+    values = [b"v%d" % i for i in range(n)]
+    with Producer(bootstrap_servers=broker.bootstrap) as p:
+        md = p.send_batch(topic_name, values, keys=keys, partitions=parts).result(30)
+        with pytest.raises(UnknownPartitionError, match="partition 7 at row 1"):
+            p.send_batch(topic_name, [b"a", b"b"], partitions=pa.array([None, 7]))
+        all_null = p.send_batch(topic_name, [b"x"], keys=[b"k0"], partitions=pa.array([None]))
+        assert int(all_null.result(30).partitions[0]) == (murmur2(b"k0") & 0x7FFFFFFF) % 4
+    landed = consume_all(broker.bootstrap, topic_name, 4, n + 1, 30)
+    where = {r.value: r.partition for recs in landed.values() for r in recs}
+    for i in range(n):
+        want = i % 4 if i % 3 == 0 else (murmur2(keys[i]) & 0x7FFFFFFF) % 4
+        assert where[values[i]] == want == int(md.partitions[i])

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shmprod import ipc
 from shmprod.errors import (
@@ -178,47 +179,80 @@ def prepare_columns(
 
 
 def _partitions(w: Worker, cols: Columns, entry: TopicEntry, partitions: Any, budget: int) -> I32:
-    """Every row's partition (input order). Null-key rows: runs of ~one batch, round
-    robin over the partitions from ``entry.next_bulk``. Runs in: worker, state lock held
-    (it advances ``entry.next_bulk``)."""
+    """Every row's partition (input order). ``partitions``: None, one int, or one per
+    row (an Arrow integer array may hold nulls: those rows are partitioned as if none
+    was given). Null-key rows: runs of ~one batch, round robin over the partitions from
+    ``entry.next_bulk``. Runs in: worker, state lock held (it advances
+    ``entry.next_bulk``)."""
     n, nparts = cols.n, entry.partitions
-    if partitions is not None:
-        if np.ndim(partitions) == 0:
-            if isinstance(partitions, bool) or not isinstance(partitions, int | np.integer):
-                raise InvalidRecordError(
-                    f"partitions must be ints, got {type(partitions).__name__}"
-                )
-            p = int(partitions)
-            if not 0 <= p < nparts:
-                raise UnknownPartitionError(
-                    f"partition {p} of topic {entry.name!r} does not exist (it has {nparts})"
-                )
-            return np.full(n, p, np.int32)
-        arr = np.asarray(partitions)
-        if arr.ndim != 1 or len(arr) != n:
-            raise InvalidRecordError(f"partitions must be one int or one per row ({n})")
-        if arr.dtype.kind not in "iu":
-            raise InvalidRecordError(f"partitions must be integers, got dtype {arr.dtype}")
-        bad = (arr < 0) | (arr >= nparts)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
+    unset: npt.NDArray[np.bool_] | None = None
+    if isinstance(partitions, pa.ChunkedArray):
+        partitions = partitions.combine_chunks()
+    if isinstance(partitions, pa.Array):
+        if not (pa.types.is_integer(partitions.type) or pa.types.is_null(partitions.type)):
+            raise InvalidRecordError(f"partitions must be integers, got {partitions.type}")
+        if partitions.null_count == len(partitions) and len(partitions) == n:
+            partitions = None
+        elif partitions.null_count:
+            unset = np.asarray(partitions.is_null().to_numpy(zero_copy_only=False), bool)
+            partitions = pc.fill_null(partitions, 0).to_numpy(zero_copy_only=False)
+        else:
+            partitions = partitions.to_numpy(zero_copy_only=False)
+    if partitions is None:
+        return _default_partitions(w, cols, entry, budget, None)
+    if np.ndim(partitions) == 0:
+        if isinstance(partitions, bool) or not isinstance(partitions, int | np.integer):
+            raise InvalidRecordError(f"partitions must be ints, got {type(partitions).__name__}")
+        p = int(partitions)
+        if not 0 <= p < nparts:
             raise UnknownPartitionError(
-                f"partition {int(arr[row])} at row {row} of topic {entry.name!r} does not "
-                f"exist (it has {nparts})"
+                f"partition {p} of topic {entry.name!r} does not exist (it has {nparts})"
             )
-        return arr.astype(np.int32)
+        return np.full(n, p, np.int32)
+    arr = np.asarray(partitions)
+    if arr.ndim != 1 or len(arr) != n:
+        raise InvalidRecordError(f"partitions must be one int or one per row ({n})")
+    if arr.dtype.kind not in "iu":
+        raise InvalidRecordError(f"partitions must be integers, got dtype {arr.dtype}")
+    bad = (arr < 0) | (arr >= nparts)
+    if unset is not None:
+        bad &= ~unset
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise UnknownPartitionError(
+            f"partition {int(arr[row])} at row {row} of topic {entry.name!r} does not "
+            f"exist (it has {nparts})"
+        )
+    out = arr.astype(np.int32)
+    if unset is not None:
+        rows = np.flatnonzero(unset)
+        out[rows] = _default_partitions(w, cols, entry, budget, rows)
+    return out
+
+
+def _default_partitions(
+    w: Worker, cols: Columns, entry: TopicEntry, budget: int, rows: npt.NDArray[np.intp] | None
+) -> I32:
+    """The partitioner's choice for ``rows`` (None: every row). Runs in: worker, state
+    lock held."""
+    nparts = entry.partitions
+    n = cols.n if rows is None else len(rows)
+    keys = cols.keys
+    if keys is not None and rows is not None:
+        keys = keys.take(pa.array(rows))
     part = w._partitioner
-    if cols.keys is None and isinstance(part, Murmur2Partitioner):
+    if keys is None and isinstance(part, Murmur2Partitioner):
         out = np.full(n, -1, np.int32)
     else:
-        keys = cols.keys if cols.keys is not None else pa.nulls(n, pa.binary())
+        keys = keys if keys is not None else pa.nulls(n, pa.binary())
         try:
             out = np.asarray(part.partition_many(keys, nparts), dtype=np.int32).copy()
         except PartitionerError as exc:
             raise InvalidRecordError(f"partitioner: {exc}") from None
     null = out < 0
     if null.any():
-        sizes = cols.row_bytes[null] + (_ROW_OVERHEAD + cols.header_bytes)
+        row_bytes = cols.row_bytes if rows is None else cols.row_bytes[rows]
+        sizes = row_bytes[null] + (_ROW_OVERHEAD + cols.header_bytes)
         run = (np.cumsum(sizes) - 1) // max(budget, 1)
         if entry.next_bulk < 0:
             entry.next_bulk = w._rand() % nparts

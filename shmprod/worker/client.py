@@ -271,6 +271,11 @@ class Worker(WorkerCore):
     def geometry(self) -> L.Geometry:
         return self._geo
 
+    @property
+    def segment_name(self) -> str:
+        """The producer's shared-memory segment: names the producer this Worker uses."""
+        return self._seg.name
+
     # ------------------------------------------------------------------------------
     # send
     # ------------------------------------------------------------------------------
@@ -453,7 +458,8 @@ class Worker(WorkerCore):
 
         ``values``/``keys``: sequences of bytes/None, numpy object arrays or Arrow
         binary/string arrays (serializers are NOT applied here). ``partitions``: one int
-        or one per row; default murmur2 of the key, null keys spread in whole batches.
+        or one per row (nulls of an Arrow array: as if none was given); default murmur2
+        of the key, null keys spread in whole batches.
         ``timestamps_ms``: one int or one per row (None = now). ``headers``: one list of
         (str, bytes | None) for all rows, or one list per row (slower path).
         """

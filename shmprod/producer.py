@@ -10,6 +10,7 @@ and removes everything it created; if the owner dies instead, the sender does th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -21,9 +22,10 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 import shmprod
+from shmprod import shm
 from shmprod.config import ProducerConfig
 from shmprod.errors import ProducerClosedError, ShmprodError
 from shmprod.futures import BatchFuture, RecordFuture
@@ -39,6 +41,35 @@ __all__ = ["Producer", "attach", "spawn_sender"]
 SENDER_START_TIMEOUT_S = 30.0
 
 log = logging.getLogger("shmprod.producer")
+
+SHM_SHARE: Final = 0.8
+"""The share of the free shared memory a pool may take when it must shrink to fit."""
+MIN_POOL_BATCHES: Final = 4
+
+
+def fit_pool(cfg: ProducerConfig, free: int | None) -> ProducerConfig:
+    """``cfg``, or, where /dev/shm has less free room than its pool needs (containers
+    often give 64 MiB), a copy whose ``buffer_memory`` fits in :data:`SHM_SHARE` of it,
+    said at WARNING. A pool of fewer than :data:`MIN_POOL_BATCHES` batches is not
+    worth starting: that stays the clear SharedMemoryError of creating the segment.
+    Runs in: the owner, before the segment exists."""
+    need = Geometry.for_pool(cfg.buffer_memory, cfg.batch_size).segment_size
+    if free is None or need <= free:
+        return cfg
+    overhead = need - cfg.buffer_memory
+    room = int(free * SHM_SHARE) - overhead
+    if room < MIN_POOL_BATCHES * cfg.batch_size:
+        return cfg
+    fitted = dataclasses.replace(cfg, buffer_memory=room - room % cfg.batch_size)
+    log.warning(
+        "/dev/shm has %.1f MiB free, less than the %.1f MiB the pool needs: the pool is "
+        "sized to %.1f MiB instead (buffer_memory). Give the container more shared memory "
+        "(docker run --shm-size=...), or set buffer_memory to fit",
+        free / 2**20,
+        need / 2**20,
+        fitted.buffer_memory / 2**20,
+    )
+    return fitted
 
 
 # What the sender's interpreter and its TLS need from the owner's environment; nothing
@@ -164,6 +195,7 @@ class Producer:
 
     def _start(self) -> None:
         """Creates the segment and socket, spawns the sender, attaches. Runs in: owner."""
+        self.config = fit_pool(self.config, shm.free_bytes())
         cfg = self.config
         cfg.ssl_context()  # a bad certificate file fails here, in the caller, as ConfigError
         geo = Geometry.for_pool(cfg.buffer_memory, cfg.batch_size)

@@ -31,13 +31,18 @@ def new_name() -> str:
     return NAME_PREFIX + secrets.token_hex(12)
 
 
+def free_bytes(path: str = SHM_DIR) -> int | None:
+    """Bytes free in the shared-memory file system (None where there is none to ask)."""
+    if not os.path.isdir(path):
+        return None
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def check_space(size: int, path: str = SHM_DIR) -> None:
     """Fails clearly now, instead of with SIGBUS later, when /dev/shm cannot hold ``size``."""
-    if not os.path.isdir(path):
-        return
-    st = os.statvfs(path)
-    free = st.f_bavail * st.f_frsize
-    if free < size:
+    free = free_bytes(path)
+    if free is not None and free < size:
         raise SharedMemoryError(
             f"{path} has {free / 2**20:.1f} MiB free but the producer's pool needs "
             f"{size / 2**20:.1f} MiB: lower buffer_memory, or give the container more "

@@ -541,3 +541,30 @@ def test_files_of_dead_producers_are_swept(broker: EmbeddedBroker) -> None:
     segment, directory = _orphan(broker)
     with Producer(bootstrap_servers=broker.bootstrap):
         assert not os.path.exists(f"/dev/shm/{segment}") and not os.path.exists(directory)
+
+
+def test_a_small_dev_shm_sizes_the_pool_to_fit_and_says_so(
+    broker: EmbeddedBroker,
+    topic_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A container's 64 MiB /dev/shm cannot hold the default 64 MiB pool and its
+    tables: the pool shrinks to fit, with a warning at start, and works."""
+    from shmprod import shm
+    from shmprod.shm import SharedMemoryError
+
+    broker.create_topic(topic_name, 1)
+    monkeypatch.setattr(shm, "free_bytes", lambda path=shm.SHM_DIR: 64 * 2**20)
+    with (
+        caplog.at_level("WARNING", "shmprod.producer"),
+        Producer(bootstrap_servers=broker.bootstrap) as p,
+    ):
+        assert p.config.buffer_memory <= int(64 * 2**20 * 0.8)
+        assert p.config.buffer_memory % p.config.batch_size == 0
+        assert p.send(topic_name, b"fits", partition=0).result(30).offset == 0
+    assert "/dev/shm has 64.0 MiB free" in caplog.text and "--shm-size" in caplog.text
+    # too little for a useful pool: the clear error at start, never a SIGBUS later
+    monkeypatch.setattr(shm, "free_bytes", lambda path=shm.SHM_DIR: 256 * 1024)
+    with pytest.raises(SharedMemoryError, match="MiB free but the producer's pool needs"):
+        Producer(bootstrap_servers=broker.bootstrap)

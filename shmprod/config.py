@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -400,3 +401,98 @@ def _check_security(cfg: ProducerConfig) -> None:
             raise ConfigError(
                 f"option 'sasl_plain_password' is required with {cfg.security_protocol}"
             )
+
+
+_TEXT_INTS: Final = frozenset(
+    {
+        "batch_size",
+        "buffer_memory",
+        "max_block_ms",
+        "compression_level",
+        "max_request_size",
+        "request_timeout_ms",
+        "delivery_timeout_ms",
+        "retries",
+        "retry_backoff_ms",
+        "retry_backoff_max_ms",
+        "max_in_flight_requests_per_connection",
+        "metadata_max_age_ms",
+    }
+)
+_TEXT_BOOLS: Final = frozenset({"enable_idempotence", "ssl_check_hostname"})
+_JAAS_MODULES: Final = ("PlainLoginModule", "ScramLoginModule")
+_JAAS_FIELD: Final = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|(\S+?))\s*(?=\w+\s*=|;|$)')
+
+
+def text_options(options: Mapping[str, str]) -> dict[str, Any]:
+    """Options given as text (Java dotted names or kafka-python names, as a Spark or
+    command-line user writes them) as keywords for :class:`ProducerConfig` /
+    ``Producer``: numbers and booleans parsed, ``sasl.jaas.config`` of the PLAIN and
+    SCRAM login modules read for its username and password. Serializers cannot be
+    given as text. Raises :class:`ConfigError` naming the option."""
+    names = {f.name for f in dataclasses.fields(ProducerConfig)}
+    out: dict[str, Any] = {}
+    for raw, text in options.items():
+        if not isinstance(text, str):
+            raise ConfigError(f"option {raw!r} must be text here, got {type(text).__name__}")
+        if raw == "sasl.jaas.config":
+            for jaas_name, secret in _jaas(text).items():
+                _put(out, raw, jaas_name, secret)
+            continue
+        name = JAVA_NAMES.get(raw, raw.replace(".", "_"))
+        if name not in names:
+            raise unknown_option(raw)
+        value: Any = text.strip()
+        if name in ("key_serializer", "value_serializer"):
+            raise ConfigError(
+                f"option {raw!r} cannot be given as text: keys and values are sent as the "
+                "bytes or strings they are"
+            )
+        if raw == "ssl.endpoint.identification.algorithm":
+            if value.lower() not in ("https", ""):
+                raise ConfigError(f"option {raw!r} must be 'https' or '', got {text!r}")
+            value = value != ""
+        elif name in _TEXT_BOOLS:
+            if value.lower() not in ("true", "false"):
+                raise ConfigError(f"option {raw!r} must be true or false, got {text!r}")
+            value = value.lower() == "true"
+        elif name in _TEXT_INTS:
+            try:
+                value = int(value)
+            except ValueError:
+                raise ConfigError(f"option {raw!r} must be an integer, got {text!r}") from None
+        elif name == "linger_ms":
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"option {raw!r} must be a number, got {text!r}") from None
+        _put(out, raw, name, value)
+    return out
+
+
+def _put(out: dict[str, Any], raw: str, name: str, value: Any) -> None:
+    if name in out:
+        raise ConfigError(f"option {raw!r} sets {name!r}, which another option already set")
+    out[name] = value
+
+
+def _jaas(text: str) -> dict[str, str]:
+    """username and password of a PLAIN or SCRAM ``sasl.jaas.config`` (never echoed:
+    it holds a password)."""
+    body = text.strip()
+    module, _, rest = body.partition(" ")
+    if not module.endswith(_JAAS_MODULES):
+        raise ConfigError(
+            "option 'sasl.jaas.config' supports the PlainLoginModule and ScramLoginModule "
+            f"(username and password), got the module {module!r}"
+        )
+    rest = rest.strip()
+    if not rest.startswith("required"):
+        raise ConfigError("option 'sasl.jaas.config' must read '<LoginModule> required ...;'")
+    found = {
+        m.group(1): m.group(2).replace('\\"', '"') if m.group(2) is not None else m.group(3)
+        for m in _JAAS_FIELD.finditer(rest[len("required") :])
+    }
+    if "username" not in found or "password" not in found:
+        raise ConfigError('option \'sasl.jaas.config\' must set username="..." password="..."')
+    return {"sasl_plain_username": found["username"], "sasl_plain_password": found["password"]}

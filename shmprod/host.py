@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import pickle
+import socket
 import stat
 import subprocess
 import sys
@@ -38,17 +39,21 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
+from shmprod import shm
 from shmprod.config import ProducerConfig
 from shmprod.errors import ConfigError, ProducerError, ShmprodError
 from shmprod.handle import Handle
-from shmprod.producer import _sender_env
+from shmprod.producer import _sender_env, fit_pool
 from shmprod.worker import Worker, attach
 
-__all__ = ["host_producer", "runtime_dir"]
+__all__ = ["host_id", "host_producer", "runtime_dir"]
 
 log = logging.getLogger("shmprod.host")
 
 START_TIMEOUT_S: Final = 60.0
+HOST_ID_ENV: Final = "SHMPROD_TEST_HOST_ID"
+"""Tests only: makes the processes that carry it a host of that name (a key of its own),
+so one machine can play several hosts of a cluster. Never set it in production."""
 IDLE_CHECK_S: Final = 0.2
 
 
@@ -72,6 +77,11 @@ def runtime_dir() -> str:
     return path
 
 
+def host_id() -> str:
+    """The name of this host for host producers: its host name, or the tests' override."""
+    return os.environ.get(HOST_ID_ENV) or socket.gethostname()
+
+
 def _qualified(obj: Any) -> str:
     if obj is None or isinstance(obj, str):
         return str(obj)
@@ -87,7 +97,7 @@ def config_key(cfg: ProducerConfig) -> str:
     wire["key_serializer"] = _qualified(cfg.key_serializer)
     wire["value_serializer"] = _qualified(cfg.value_serializer)
     wire["partitioner"] = _qualified(cfg.partitioner)
-    blob = json.dumps([os.getuid(), wire], sort_keys=True, default=str).encode()
+    blob = json.dumps([os.getuid(), host_id(), wire], sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
@@ -138,6 +148,7 @@ def host_producer(
                 log.info("host producer %s is gone (%s): starting a new one", key, exc)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(base + ".handle")
+        fit_pool(cfg, shm.free_bytes())  # a pool that must shrink is said here too
         _start_daemon(cfg, options, base, idle_timeout_ms)
         handle = _read_handle(base + ".handle")
         assert handle is not None

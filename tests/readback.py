@@ -29,12 +29,14 @@ def consume_all(
     expected: int,
     timeout_s: float = 60.0,
     config: Mapping[str, Any] | None = None,
+    extra_wait_s: float = 0.0,
 ) -> dict[int, list[Landed]]:
     """Every record of ``topic`` by partition, in offset order; stops at ``expected`` records.
 
     Bounded by ``timeout_s``: returns what it has then (the caller's counts will show it).
     ``config`` adds librdkafka options (``security.protocol``, ``ssl.ca.location``,
-    ``sasl.mechanism``, ...) to the consumer's.
+    ``sasl.mechanism``, ...) to the consumer's. ``extra_wait_s``: after ``expected``
+    records, keep reading that long, so a caller can see records beyond those it expected.
     """
     consumer = Consumer(
         {
@@ -53,7 +55,12 @@ def consume_all(
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         deadline = time.monotonic() + timeout_s
-        while got < expected and time.monotonic() < deadline:
+        settle: float | None = None
+        while time.monotonic() < deadline:
+            if got >= expected:
+                settle = time.monotonic() + extra_wait_s if settle is None else settle
+                if time.monotonic() >= settle:
+                    break
             for msg in consumer.consume(num_messages=10_000, timeout=0.2):
                 err = msg.error()
                 if err is not None:

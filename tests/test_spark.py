@@ -1,4 +1,4 @@
-"""The Spark bridge (shmprod/spark.py, workers/spark_job.py) with real pyspark in local mode.
+"""export_dataframe (a producer the driver built) with real pyspark in local mode.
 
 One local[2] SparkSession (and its JVM) for the module; each test makes its own
 producer and topic, exports through Spark's Python workers, and reads the topic back
@@ -30,7 +30,6 @@ from shmprod.spark import (
     worker_for,
 )
 from tests.readback import Landed, consume_all
-from workers import spark_job
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
@@ -187,36 +186,16 @@ def test_attachments_are_cached_per_process(broker: EmbeddedBroker) -> None:
             forget(other.handle)
 
 
-def test_spark_job_generated_rows(spark: Any, broker: EmbeddedBroker, topic_name: str) -> None:
-    n = 5_000
-    broker.create_topic(topic_name, 2)
-    report = spark_job.run(spark, broker.bootstrap, topic_name, rows=n, spark_partitions=2)
-    assert report.records == n
-    landed = consume_all(broker.bootstrap, topic_name, 2, n, 60)
-    records = [r for recs in landed.values() for r in recs]
-    assert len(records) == n == len({r.value for r in records})
-    assert all(r.partition == (murmur2(r.key or b"") & 0x7FFFFFFF) % 2 for r in records)
-
-
-class _FakeConf:
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-
-    def get(self, key: str) -> str | None:
-        return self.values.get(key)
-
-
 class _FakeSession:
-    """What check_worker_python reads of a SparkSession: the master and the conf."""
+    """What check_worker_python reads of a SparkSession: the master and the Python
+    the context starts its workers with."""
 
-    def __init__(self, master: str, conf: dict[str, str]) -> None:
-        self.sparkContext = type(
-            "Ctx", (), {"master": master, "getConf": lambda _s: _FakeConf(conf)}
-        )()
+    def __init__(self, master: str, python: str) -> None:
+        self.sparkContext = type("Ctx", (), {"master": master, "pythonExec": python})()
 
 
 def test_workers_that_cannot_import_shmprod_are_refused_before_the_job(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Any,
 ) -> None:
     """Without PYSPARK_PYTHON pointing at an interpreter with shmprod, every task died
     with a Java stack trace ending in ModuleNotFoundError; the driver now says what to
@@ -229,9 +208,8 @@ def test_workers_that_cannot_import_shmprod_are_refused_before_the_job(
         "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'shmprod'\" >&2\nexit 1\n"
     )
     bare.chmod(0o755)
-    session = _FakeSession("local[2]", {"spark.pyspark.python": str(bare)})
-    with pytest.raises(ConfigError, match=r"spark\.pyspark\.python.*No module.*PYSPARK_PYTHON"):
+    session = _FakeSession("local[2]", str(bare))
+    with pytest.raises(ConfigError, match=r"from PYSPARK_PYTHON.*No module.*set PYSPARK_PYTHON"):
         check_worker_python(session)
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    check_worker_python(_FakeSession("local[2]", {}))  # this interpreter has shmprod
-    check_worker_python(_FakeSession("spark://elsewhere:7077", {}))  # not checked there
+    check_worker_python(_FakeSession("local[2]", sys.executable))  # this one has shmprod
+    check_worker_python(_FakeSession("spark://elsewhere:7077", str(bare)))  # not checked there

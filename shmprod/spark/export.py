@@ -1,4 +1,4 @@
-"""The Spark bridge: export a DataFrame through the host's shared producer.
+"""Export a DataFrame through a producer the driver built (its host only).
 
     from shmprod import Producer
     from shmprod.spark import export_dataframe
@@ -42,35 +42,24 @@ without it. Runs in: the driver (``export_dataframe``) and Spark's Python worker
 
 from __future__ import annotations
 
-import calendar
-import datetime
-import importlib
 import os
-import re
 import socket
-import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from shmprod.errors import (
-    ConfigError,
-    InvalidRecordError,
-    KafkaError,
-    ProducerError,
-    ProducerHostError,
-    ShmprodError,
-)
-from shmprod.extras import require
+from shmprod.errors import ProducerError, ProducerHostError, ShmprodError
 from shmprod.futures import BatchFuture
 from shmprod.handle import Handle
 from shmprod.shm import SharedMemoryError
+from shmprod.spark.columns import binary_column, epoch_ms_column, rows_table
+from shmprod.spark.session import check_worker_python, task_error
+from shmprod.spark.task import Deliveries, task_identity
 from shmprod.worker import Worker, attach
 
 if TYPE_CHECKING:
@@ -79,13 +68,9 @@ if TYPE_CHECKING:
 __all__ = [
     "REPORT_SCHEMA",
     "ExportSpec",
-    "ProducerHostError",
     "SparkExportReport",
     "export_dataframe",
     "forget",
-    "local_session",
-    "stop_session",
-    "task_error",
     "worker_for",
 ]
 
@@ -101,7 +86,6 @@ REPORT_SCHEMA: Final = pa.schema(
     ]
 )
 _REPORT_DDL: Final = "spark_partition int, attempt int, pid long, kafka_partition int, records long"
-_MAX_PENDING: Final = 64  # futures a task keeps before it waits for the oldest
 
 ReportRow = tuple[int, int, int, int, int]
 
@@ -147,54 +131,6 @@ def forget(handle: Handle) -> None:
     w = _attached.pop(handle.segment, None) if _attached_pid == os.getpid() else None
     if w is not None:
         w.close(timeout=0)
-
-
-# ----------------------------------------------------------------------------------
-# columns
-# ----------------------------------------------------------------------------------
-
-
-def binary_column(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """A key or value column for ``send_batch``: binary and strings as they are, any
-    other type as its text (numbers as decimal)."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    t = arr.type
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t):
-        return arr
-    if pa.types.is_large_string(t) or pa.types.is_null(t):
-        return arr
-    return pc.cast(arr, pa.string())
-
-
-_MS_PER: Final = {"s": (1000, 1), "ms": (1, 1), "us": (1, 1000), "ns": (1, 1_000_000)}
-
-
-def epoch_ms_column(arr: pa.Array | pa.ChunkedArray, now_ms: int) -> np.ndarray[Any, Any]:
-    """A timestamp column as int64 epoch milliseconds: Arrow timestamps of any unit
-    (Spark's TimestampType arrives as microseconds since the epoch), dates, or integers
-    taken as milliseconds. Nulls become ``now_ms``."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    t = arr.type
-    if pa.types.is_timestamp(t):
-        mul, div = _MS_PER[t.unit]
-        ints = arr.cast(pa.int64())
-    elif pa.types.is_date(t):
-        mul, div = 86_400_000, 1
-        ints = pc.cast(pc.cast(arr, pa.date32()), pa.int32()).cast(pa.int64())
-    elif pa.types.is_integer(t):
-        mul, div = 1, 1
-        ints = arr.cast(pa.int64())
-    else:
-        raise InvalidRecordError(
-            f"timestamp column of type {t}: need a timestamp, a date or integer epoch ms"
-        )
-    raw = np.asarray(pc.fill_null(ints, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    ms = raw * mul // div
-    if ints.null_count:
-        ms[np.asarray(ints.is_null().to_numpy(zero_copy_only=False), dtype=bool)] = now_ms
-    return ms
 
 
 # ----------------------------------------------------------------------------------
@@ -288,60 +224,28 @@ class ExportSpec:
             for row in rows:
                 chunk.append(tuple(row[c] for c in cols))
                 if len(chunk) >= chunk_rows:
-                    task.submit(self.send_columns(task.w, _rows_table(cols, chunk)))
+                    task.submit(self.send_columns(task.w, rows_table(cols, chunk)))
                     chunk = []
             if chunk:
-                task.submit(self.send_columns(task.w, _rows_table(cols, chunk)))
+                task.submit(self.send_columns(task.w, rows_table(cols, chunk)))
         report.add(task.rows())
 
 
-def _rows_table(cols: list[str], chunk: list[tuple[Any, ...]]) -> pa.Table:
-    """A chunk of rows as an Arrow table. pyspark gives TimestampType as naive local
-    datetimes: they become epoch milliseconds here (``datetime.timestamp`` reads a
-    naive one as local time, which is how pyspark made it)."""
-    arrays: list[pa.Array] = []
-    for i in range(len(cols)):
-        col = [r[i] for r in chunk]
-        first = next((v for v in col if v is not None), None)
-        if hasattr(first, "timestamp") and hasattr(first, "microsecond"):
-            col = [None if v is None else _datetime_ms(v) for v in col]
-        arrays.append(pa.array(col))
-    return pa.table(arrays, names=cols)
-
-
-def _datetime_ms(dt: datetime.datetime) -> int:
-    """Exact epoch milliseconds of a datetime (naive ones are local time)."""
-    seconds = (
-        time.mktime(dt.timetuple()) if dt.tzinfo is None else calendar.timegm(dt.utctimetuple())
-    )
-    return int(seconds) * 1000 + dt.microsecond // 1000
-
-
 class _Task:
-    """One Spark task's sends: attaches, keeps its futures (waiting for the oldest when
-    too many are pending, so a failure stops the task early), and on a clean exit
-    flushes and takes every result. An error leaves as the typed shmprod error.
-    Runs in: a Python worker."""
+    """One Spark task's sends (:class:`~shmprod.spark.task.Deliveries`) through the
+    spec's producer. An error leaves as the typed shmprod error; the attachment is
+    dropped when the producer failed. Runs in: a Python worker."""
 
     def __init__(self, spec: ExportSpec) -> None:
         self.spec = spec
         self.w = spec.worker()
-        self.pending: deque[BatchFuture] = deque()
-        self.counts: Counter[int] = Counter()
+        self.deliveries = Deliveries(self.w, spec.timeout_s)
 
     def __enter__(self) -> _Task:
         return self
 
     def submit(self, fut: BatchFuture) -> None:
-        self.pending.append(fut)
-        while self.pending and (self.pending[0].done() or len(self.pending) > _MAX_PENDING):
-            self._take(self.pending.popleft())
-
-    def _take(self, fut: BatchFuture) -> None:
-        md = fut.result(timeout=self.spec.timeout_s)
-        counts = np.bincount(md.partitions)
-        for p in np.flatnonzero(counts):
-            self.counts[int(p)] += int(counts[p])
+        self.deliveries.submit(fut)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
@@ -349,29 +253,18 @@ class _Task:
                 forget(self.spec.handle)
             return
         try:
-            self.w.flush(self.spec.timeout_s)
-            while self.pending:
-                self._take(self.pending.popleft())
+            self.deliveries.finish()
         except ProducerError:
             forget(self.spec.handle)
             raise
 
     def rows(self) -> list[ReportRow]:
-        part, attempt = _task_identity()
+        part, attempt = task_identity()
         pid = os.getpid()
-        if not self.counts:
+        counts = self.deliveries.counts
+        if not counts:
             return [(part, attempt, pid, -1, 0)]
-        return [(part, attempt, pid, p, n) for p, n in sorted(self.counts.items())]
-
-
-def _task_identity() -> tuple[int, int]:
-    """(Spark partition id, attempt number) of the running task, or (-1, 0) outside Spark."""
-    try:
-        TaskContext = require("pyspark", "spark").TaskContext
-    except ImportError:
-        return -1, 0
-    ctx = TaskContext.get()
-    return (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (-1, 0)
+        return [(part, attempt, pid, p, n) for (_t, p), n in sorted(counts.items())]
 
 
 class _ReportParam:
@@ -483,135 +376,3 @@ def export_dataframe(
         raise typed from exc
     report.seconds = time.monotonic() - t0
     return report
-
-
-# "shmprod.errors.DeliveryTimeoutError: message" as a Python traceback ends
-_TYPED_LINE: Final = re.compile(r"^(shmprod(?:\.\w+)+)\.(\w+): (.*)$", re.MULTILINE)
-_KAFKA_TEXT: Final = re.compile(r"^\[(-?\d+)\] \w+(?:: (.*))?$", re.DOTALL)
-
-
-def task_error(exc: BaseException) -> ShmprodError | None:
-    """The shmprod error a Spark task raised, rebuilt from the text of the error Spark
-    raised on the driver (the task's Python traceback); None when it holds none."""
-    found = _TYPED_LINE.findall(str(exc))
-    if not found:
-        return None
-    module, name, message = found[-1]
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-    if not (isinstance(cls, type) and issubclass(cls, ShmprodError)):
-        return None
-    message = message.strip()
-    if issubclass(cls, KafkaError):
-        m = _KAFKA_TEXT.match(message)
-        return KafkaError(int(m.group(1)), m.group(2) or "") if m else None
-    try:
-        return cls(message)
-    except TypeError:
-        return None
-
-
-_PYTHON_OK: dict[str, str] = {}  # interpreter -> "" if it imports shmprod, else why not
-
-
-def worker_python(spark: Any) -> tuple[str, str]:
-    """(the Python Spark starts for its Python workers, where that comes from), as
-    pyspark resolves it: ``spark.pyspark.python``, then ``PYSPARK_PYTHON``, else
-    ``python3`` on the PATH. Runs in: the driver."""
-    conf = spark.sparkContext.getConf()
-    for key in ("spark.pyspark.python", "spark.executorEnv.PYSPARK_PYTHON"):
-        value = conf.get(key)
-        if value:
-            return value, f"the Spark option {key}"
-    env = os.environ.get("PYSPARK_PYTHON")
-    if env:
-        return env, "PYSPARK_PYTHON"
-    return "python3", "pyspark's default (PYSPARK_PYTHON is not set)"
-
-
-def check_worker_python(spark: Any) -> None:
-    """Refuses, before any task runs, a job whose Python workers could not import
-    shmprod (pyspark would fail each task with a Java stack trace ending in
-    ModuleNotFoundError). Checked where the executors run on this host (local masters);
-    elsewhere that is the cluster's business. Runs in: the driver."""
-    import subprocess
-
-    master = str(spark.sparkContext.master)
-    if not master.startswith("local"):
-        return
-    python, source = worker_python(spark)
-    why = _PYTHON_OK.get(python)
-    if why is None:
-        try:
-            out = subprocess.run(
-                [python, "-c", "import shmprod, pyarrow"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            why = "" if out.returncode == 0 else (out.stderr.strip().splitlines() or ["?"])[-1]
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            why = f"{type(exc).__name__}: {exc}"
-        _PYTHON_OK[python] = why
-    if why:
-        raise ConfigError(
-            f"Spark's Python workers run {python!r} (from {source}), which cannot import "
-            f"shmprod ({why}): set PYSPARK_PYTHON (or the Spark option "
-            f"spark.pyspark.python) to an interpreter that has shmprod installed, such as "
-            f"this one: {sys.executable}"
-        )
-
-
-def local_session(master: str = "local[2]", app_name: str = "shmprod-export", **conf: str) -> Any:
-    """A small local SparkSession whose Python workers run this interpreter (so they
-    import shmprod and pyarrow from the same environment; sets ``PYSPARK_PYTHON`` when
-    it is not set, which pyspark reads for its workers): no UI, no progress bar, two
-    shuffle partitions. ``conf`` adds Spark options (dots as in Spark:
-    ``**{"spark.driver.memory": "1g"}``). Runs in: the driver."""
-    import sys
-
-    SparkSession = require("pyspark.sql", "spark").SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-    settings = {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.memory": "512m",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
-        **conf,
-    }
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for k, v in settings.items():
-        builder = builder.config(k, v)
-    return builder.getOrCreate()
-
-
-def stop_session(spark: Any, timeout_s: float = 30.0) -> None:
-    """Stops ``spark`` and the JVM pyspark started for it (``SparkSession.stop`` leaves
-    that JVM running until the Python process exits): the JVM exits when its standard
-    input closes, and is killed if it has not after ``timeout_s``. Runs in: the driver."""
-    import subprocess
-
-    SparkContext = require("pyspark", "spark").SparkContext
-
-    gateway = SparkContext._gateway
-    spark.stop()
-    if gateway is None:
-        return
-    proc = getattr(gateway, "proc", None)
-    gateway.shutdown()
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-    if isinstance(proc, subprocess.Popen):
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout_s)

@@ -1,0 +1,236 @@
+"""format("shmprod") on a Spark cluster of one host: separate executor JVMs
+(local-cluster) sharing one host producer, and a task killed mid-write.
+
+Counted from the outside: sender processes from the process table, connections to the
+broker from the sockets, segments from /dev/shm; confluent-kafka reads back the rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from shmprod.broker import EmbeddedBroker
+from tests.readback import Landed, consume_all
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed")
+
+import shmprod.spark
+from shmprod.spark import local_session, stop_session
+from shmprod.spark.sink import LINEAGE_HEADERS
+from tests.spark_cluster import wait_for_executors
+from tests.test_spark_source import host_daemons, wait_gone
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
+
+IDLE_MS = 1500
+
+
+def senders() -> set[int]:
+    """Every sender process on the machine (``python -m shmprod.sender``)."""
+    out = set()
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "shmprod.sender" in cmd:
+            out.add(p.pid)
+    return out
+
+
+def broker_connections(port: int) -> Counter[int]:
+    """Established TCP connections to the broker's port, by process id."""
+    return Counter(
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED and c.pid
+    )
+
+
+def segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("shmprod-")}
+
+
+@contextlib.contextmanager
+def private_runtime(base: Path) -> Iterator[Path]:
+    """XDG_RUNTIME_DIR for this process and the JVMs (and Python workers) it starts."""
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(base)
+    try:
+        yield base / "shmprod"
+    finally:
+        if old is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with private_runtime(tmp_path_factory.mktemp("xdg")) as runtime:
+        spark = local_session(
+            "local-cluster[2,1,1024]",
+            "shmprod-local-cluster",
+            **{"spark.driver.host": "127.0.0.1", "spark.executor.memory": "512m"},
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        shmprod.spark.register(spark)
+        try:
+            wait_for_executors(spark, 2)
+            yield spark, runtime
+        finally:
+            stop_session(spark, timeout_s=30)
+            left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+            _, alive = psutil.wait_procs(left, timeout=20)
+            for p in alive:
+                p.kill()
+            assert wait_gone(runtime, 30), host_daemons(runtime)
+
+
+class Sampler:
+    """Samples the process table and sockets in a thread while a Spark action runs in
+    this one (pyspark's JVM side keeps the active session per thread)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.senders: set[int] = set()
+        self.max_connections: Counter[int] = Counter()
+        self.segments: set[str] = set()
+        self._before = senders()
+        self._before_segments = segments()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.sample()
+
+    def sample(self) -> None:
+        self.senders |= senders() - self._before
+        for pid, n in broker_connections(self.port).items():
+            self.max_connections[pid] = max(self.max_connections[pid], n)
+        self.segments |= segments() - self._before_segments
+
+
+def rows(spark: Any, n: int, parts: int) -> Any:
+    return spark.range(0, n, numPartitions=parts).selectExpr(
+        "concat('value-', id) AS value", "cast(id % 101 as string) AS key"
+    )
+
+
+def check_all(bootstrap: str, topic: str, partitions: int, n: int) -> list[Landed]:
+    """Every row landed at least once; returns every record read."""
+    landed = consume_all(bootstrap, topic, partitions, n, 120, extra_wait_s=1)
+    records = [r for recs in landed.values() for r in recs]
+    assert {r.value for r in records} == {b"value-%d" % i for i in range(n)}
+    return records
+
+
+def times_landed(records: list[Landed]) -> Counter[bytes | None]:
+    return Counter(r.value for r in records)
+
+
+def test_executors_on_one_host_share_one_producer_and_one_connection(
+    local_cluster: tuple[Any, Path], fresh_broker: EmbeddedBroker, topic_name: str
+) -> None:
+    spark, runtime = local_cluster
+    n = 400_000
+    fresh_broker.create_topic(topic_name, 4)
+    port = int(fresh_broker.bootstrap.rsplit(":", 1)[1])
+    writer = (
+        rows(spark, n, 8)
+        .write.format("shmprod")
+        .option("kafka.bootstrap.servers", fresh_broker.bootstrap)
+        .option("topic", topic_name)
+        .option("idleTimeoutMs", str(IDLE_MS))
+        .mode("append")
+    )
+    with Sampler(port) as sampler:
+        writer.save()
+    landed = check_all(fresh_broker.bootstrap, topic_name, 4, n)
+    assert set(times_landed(landed).values()) == {1}  # exactly once: nothing failed
+    # one sender process and one connection to the broker, for two executor JVMs
+    assert len(sampler.senders) == 1, sampler.senders
+    (sender,) = sampler.senders
+    assert dict(sampler.max_connections) == {sender: 1}, sampler.max_connections
+    # after idleTimeoutMs (and the Python workers' short hold) it has closed; nothing left
+    assert wait_gone(runtime, 30)
+    assert not psutil.pid_exists(sender) or psutil.Process(sender).status() == "zombie"
+    assert sampler.segments and not segments() & sampler.segments
+
+
+def _attached_python_workers(exclude: set[int]) -> list[int]:
+    """Python processes (not in ``exclude``) that map a shmprod segment."""
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if p.pid in exclude or "python" not in (p.info["name"] or ""):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if any("/dev/shm/shmprod-" in m.path for m in p.memory_maps()):
+                found.append(p.pid)
+    return found
+
+
+def test_a_writer_killed_mid_write_is_retried_and_every_row_lands(
+    local_cluster: tuple[Any, Path], fresh_broker: EmbeddedBroker, topic_name: str
+) -> None:
+    spark, runtime = local_cluster
+    n, parts = 200_000, 4
+    fresh_broker.create_topic(topic_name, 3)
+
+    def slow(batches: Any) -> Any:  # upstream of the writer: 4 s of rows per task
+        for b in batches:
+            for i in range(0, b.num_rows, 2_000):
+                time.sleep(0.08)
+                yield b.slice(i, 2_000)
+
+    df = rows(spark, n, parts).mapInArrow(slow, "value string, key string")
+    writer = (
+        df.write.format("shmprod")
+        .option("kafka.bootstrap.servers", fresh_broker.bootstrap)
+        .option("topic", topic_name)
+        .option("includeLineage", "true")
+        .option("idleTimeoutMs", str(IDLE_MS))
+        .mode("append")
+    )
+    killed: list[int] = []
+
+    def kill_a_writer() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            time.sleep(0.5)
+            exclude = {os.getpid(), *host_daemons(runtime), *senders()}
+            victims = _attached_python_workers(exclude)
+            if victims:
+                os.kill(victims[0], signal.SIGKILL)  # a writer task's Python worker, mid-write
+                killed.append(victims[0])
+
+    killer = threading.Thread(target=kill_a_writer, daemon=True)
+    killer.start()
+    writer.save()
+    killer.join(60)
+    assert killed, "no writer was seen attached"
+    landed = check_all(fresh_broker.bootstrap, topic_name, 3, n)
+    # at least once: the killed task ran again (a second attempt's lineage), and a row
+    # landed at most once per attempt
+    attempts = Counter(dict(r.headers)[LINEAGE_HEADERS[3]] for r in landed)
+    assert attempts[b"1"] > 0, attempts
+    assert max(times_landed(landed).values()) <= 2

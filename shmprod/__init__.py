@@ -14,9 +14,11 @@ from shmprod.errors import (
 
 __version__ = "0.1.0"
 
+from shmprod.exporter import ExportError, ExportReport, export
 from shmprod.futures import BatchFuture, BatchMetadata, RecordFuture, RecordMetadata
 from shmprod.handle import Handle
 from shmprod.host import host_producer
+from shmprod.pool import current, pool_initializer
 from shmprod.producer import Producer, attach
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "EncodeError",
+    "ExportError",
+    "ExportReport",
     "Handle",
     "KafkaConnectionError",
     "KafkaError",
@@ -37,5 +41,8 @@ __all__ = [
     "ShmprodError",
     "__version__",
     "attach",
+    "current",
+    "export",
     "host_producer",
+    "pool_initializer",
 ]

@@ -1,13 +1,15 @@
-"""The ``shmprod`` command line: ``shmprod demo`` and ``shmprod broker``."""
+"""The ``shmprod`` command line: ``demo``, ``export``, ``broker`` and ``cleanup``."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from shmprod import __version__
 from shmprod.connection import parse_bootstrap
@@ -50,6 +52,118 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+EXPORT_EXAMPLE = """\
+examples:
+  shmprod export events/ --topic events --key user_id --value json --timestamp ts
+  shmprod export 'data/*.csv' --topic t --bootstrap-servers broker:9092 \\
+      --value payload -X linger.ms=20 -X compression.type=zstd
+
+Without --bootstrap-servers an embedded broker is started (the broker extra) and the
+topic created there. Exit status: 0 when every record was acknowledged, 1 when any
+was not (the first error is printed), 2 for usage errors."""
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """``shmprod export``: files to Kafka through one shared producer (see
+    :func:`shmprod.export`). Runs in: the caller."""
+    from shmprod.config import text_options
+    from shmprod.errors import ConfigError
+    from shmprod.exporter import export, prepare
+
+    try:
+        options = text_options(dict(_pair(x, "-X") for x in args.X or ()))
+    except ConfigError as exc:
+        raise _Usage(str(exc)) from None
+    options.setdefault("compression_type", args.compression)
+    headers = [_pair(h, "--header") for h in args.header or ()]
+    columns = {
+        "key": args.key,
+        "value": args.value,
+        "partition": args.partition,
+        "timestamp": args.timestamp,
+        "headers": headers or None,
+    }
+    try:  # every file opened and every column checked before a broker or producer starts
+        prepare(args.source, args.topic, workers=args.workers, **columns)
+    except ConfigError as exc:
+        raise _Usage(str(exc)) from None
+    with contextlib.ExitStack() as stack:
+        bootstrap = args.bootstrap_servers
+        if bootstrap is None:
+            bootstrap = _embedded(stack, args.topic, args.partitions)
+        try:
+            report = export(
+                args.source,
+                args.topic,
+                bootstrap_servers=bootstrap,
+                workers=args.workers,
+                **columns,
+                progress=None if args.progress is None else args.progress,
+                check=False,
+                **options,
+            )
+        except ConfigError as exc:
+            raise _Usage(str(exc)) from None
+        print(
+            f"exported {report.records:,} records ({report.bytes / 1e6:,.1f} MB of keys and "
+            f"values) to {args.topic!r} in {report.seconds:.2f}s "
+            f"({report.rows_per_s:,.0f} records/s); per partition: "
+            + ", ".join(f"{p}:{n:,}" for p, n in sorted(report.per_partition.items()))
+        )
+        if not report.ok:
+            print(
+                f"shmprod: error: {report.failed:,} records not acknowledged; "
+                + "; ".join(report.errors[:3]),
+                file=sys.stderr,
+            )
+            return 1
+        if args.bootstrap_servers is None:
+            _keep_broker(bootstrap, args.topic)
+    return 0
+
+
+class _Usage(Exception):
+    """A usage error found after parsing (exit status 2)."""
+
+
+def _pair(text: str, flag: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise _Usage(f"{flag} {text!r}: expected NAME=VALUE")
+    return name.strip(), value
+
+
+def _embedded(stack: Any, topic: str, partitions: int) -> str:
+    try:
+        from shmprod.broker import EmbeddedBroker
+
+        broker = stack.enter_context(EmbeddedBroker())
+    except ImportError as exc:
+        raise _Usage(
+            f"no --bootstrap-servers, and the embedded broker is not installed ({exc}): "
+            "pip install 'shmprod[broker]', or give --bootstrap-servers"
+        ) from None
+    broker.create_topic(topic, partitions)
+    print(f"embedded broker: bootstrap_servers={broker.bootstrap}", file=sys.stderr)
+    return str(broker.bootstrap)
+
+
+def _keep_broker(bootstrap: str, topic: str) -> None:
+    """Says how to read the topic back; on a terminal keeps the embedded broker (its
+    data is in memory) until Ctrl-C."""
+    print(
+        f"read it back while the broker runs, e.g.: kcat -C -b {bootstrap} -t {topic} -e"
+        f"  (or kafka-console-consumer.sh --bootstrap-server {bootstrap} --topic {topic} "
+        "--from-beginning)"
+    )
+    if not sys.stdin.isatty():
+        print("the embedded broker stops now (its data is in memory)")
+        return
+    print("the embedded broker keeps the data in memory until you press Ctrl-C", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait()
+
+
 def _writable(path: str) -> str:
     """An argparse type: a file path whose folder exists and is writable (usage error,
     exit status 2, before anything starts, not after the whole run)."""
@@ -85,6 +199,15 @@ def _topic_spec(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if sep:
         _int_range(1, 1_000_000)(count)
+    return text
+
+
+def _topic_spec_plain(text: str) -> str:
+    """A legal topic name."""
+    try:
+        validate_topic(text)
+    except ShmprodError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
@@ -144,6 +267,46 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="no progress line")
     demo.set_defaults(func=_cmd_demo)
 
+    exp = sub.add_parser(
+        "export",
+        help="export Parquet, Arrow IPC, CSV or JSON-lines files to Kafka from a pool of "
+        "processes sharing one producer",
+        epilog=EXPORT_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    exp.add_argument("source", help="a file, glob or directory")
+    exp.add_argument("--topic", type=_topic_spec_plain, required=True)
+    exp.add_argument("--bootstrap-servers", type=_bootstrap, default=None)
+    exp.add_argument("--key", help="the key column, or 'json' for the row (default: none)")
+    exp.add_argument("--value", default="value", help="the value column, or 'json' (value)")
+    exp.add_argument("--timestamp", help="a timestamp, date or epoch-ms column")
+    exp.add_argument("--partition", help="an integer partition column")
+    exp.add_argument(
+        "--header", action="append", metavar="NAME=VALUE", help="a header on every record"
+    )
+    exp.add_argument(
+        "--workers", type=_int_range(1, 256), default=None, help="processes (the CPU count)"
+    )
+    exp.add_argument(
+        "--compression",
+        default="lz4",
+        choices=["none", "gzip", "snappy", "lz4", "zstd"],
+        help="batch compression (lz4)",
+    )
+    exp.add_argument(
+        "-X", action="append", metavar="NAME=VALUE", help="a producer option (Java name)"
+    )
+    exp.add_argument(
+        "--partitions",
+        type=_int_range(1, 10_000),
+        default=8,
+        help="partitions of the topic on the embedded broker (8)",
+    )
+    bar = exp.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None)
+    bar.add_argument("--no-progress", dest="progress", action="store_false")
+    exp.set_defaults(func=_cmd_export)
+
     broker = sub.add_parser("broker", help="run a local development broker (tansu) on loopback")
     broker.add_argument(
         "--port", type=_int_range(1, 65535), default=None, help="listen port (a free one)"
@@ -183,9 +346,12 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         rc: int = args.func(args)
+    except _Usage as exc:
+        parser.exit(2, f"shmprod {args.command}: error: {exc}\n")
     except ShmprodError as exc:
         print(f"shmprod: error: {exc}", file=sys.stderr)
         return 1

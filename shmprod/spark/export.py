@@ -57,9 +57,10 @@ from shmprod.errors import ProducerError, ProducerHostError, ShmprodError
 from shmprod.futures import BatchFuture
 from shmprod.handle import Handle
 from shmprod.shm import SharedMemoryError
-from shmprod.spark.columns import binary_column, epoch_ms_column, rows_table
+from shmprod.spark.columns import rows_table
 from shmprod.spark.session import check_worker_python, task_error
 from shmprod.spark.task import Deliveries, task_identity
+from shmprod.tables import binary_column, epoch_ms_column
 from shmprod.worker import Worker, attach
 
 if TYPE_CHECKING:

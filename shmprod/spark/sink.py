@@ -50,8 +50,9 @@ from shmprod.errors import ConfigError, InvalidRecordError
 from shmprod.futures import BatchFuture
 from shmprod.host import host_id
 from shmprod.spark.attachments import attachment
-from shmprod.spark.columns import binary_column, epoch_ms_column, rows_table
+from shmprod.spark.columns import rows_table
 from shmprod.spark.task import Deliveries, task_identity
+from shmprod.tables import binary_column, epoch_ms_column
 from shmprod.worker import Worker
 
 __all__ = [

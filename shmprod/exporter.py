@@ -1,0 +1,577 @@
+"""``shmprod.export``: a table, a DataFrame or files to Kafka, from a pool of processes
+that share one producer.
+
+    report = shmprod.export("events/*.parquet", "events", bootstrap_servers="broker:9092",
+                            key="user_id", value="json", timestamp="ts",
+                            compression_type="lz4")
+    print(report.records, report.rows_per_s)
+
+The source is read with pyarrow's own readers, streamed (never whole in memory): a
+path, glob or directory of Parquet, Arrow IPC/Feather, CSV or JSON-lines files (one
+job per Parquet row group, or per other file, read by the pool process itself), a
+``pyarrow.dataset.Dataset``, a ``pyarrow.Table`` or ``RecordBatchReader``, or a
+pandas DataFrame (their record batches are handed to the pool, a bounded number at a
+time). ``workers`` processes (spawned; default the CPU count) attach to ONE producer
+(:func:`shmprod.pool_initializer`) and send whole columns with ``send_batch``.
+
+Everything the source says about itself is checked before anything is sent: every
+file opens, the named columns exist with usable types. Each job waits for its
+acknowledgements; the report counts acknowledged records and keeps the first errors.
+``check=True`` (the default) raises :class:`ExportError` (carrying the report) when any
+record failed: a failed export never passes silently.
+
+Runs in: the caller (:func:`export`: the producer, the pool, progress) and the pool
+processes (:func:`_run_job`).
+"""
+
+from __future__ import annotations
+
+import glob
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TextIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from shmprod.errors import ConfigError, ShmprodError
+from shmprod.pool import current, pool_initializer
+from shmprod.tables import binary_column, epoch_ms_column, json_column
+
+__all__ = ["ExportError", "ExportReport", "Plan", "export", "prepare"]
+
+JSON: Final = "json"
+BATCH_ROWS: Final = 65_536
+MAX_ERRORS: Final = 10
+FORMATS: Final = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".arrow": "ipc",
+    ".feather": "ipc",
+    ".ipc": "ipc",
+    ".csv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+}
+
+
+class ExportError(ShmprodError):
+    """Some records were not acknowledged; ``report`` says how many were, and why not."""
+
+    def __init__(self, message: str, report: ExportReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class ExportReport:
+    """What an export did: records and value+key bytes acknowledged, per partition."""
+
+    topic: str
+    records: int = 0
+    bytes: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    per_partition: Counter[int] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    total_rows: int | None = None
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0 and not self.errors
+
+    def add(self, result: JobResult) -> None:
+        self.records += result.records
+        self.bytes += result.bytes
+        self.failed += result.failed
+        for p, n in result.per_partition:
+            self.per_partition[p] += n
+        if result.error is not None and len(self.errors) < MAX_ERRORS:
+            self.errors.append(result.error)
+
+
+# ----------------------------------------------------------------------------------
+# what a job carries (picklable) and does (pool process)
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The caller's choice of columns (checked against the schema by :func:`_check`)."""
+
+    value: str
+    key: str | None = None
+    partition: str | None = None
+    timestamp: str | None = None
+    headers: str | None = None  # a column of list<struct<key, value>>
+    static_headers: tuple[tuple[str, bytes | None], ...] | None = None
+
+    def needed(self, schema: pa.Schema) -> list[str] | None:
+        """The columns a job reads (None: all, for a JSON row)."""
+        if JSON in (self.value, self.key):
+            return None
+        names = [self.value, self.key, self.partition, self.timestamp, self.headers]
+        return list(dict.fromkeys(n for n in names if n is not None))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work: a file (or some of a Parquet file's row groups), or batches."""
+
+    topic: str
+    columns: Columns
+    path: str | None = None
+    file_format: str | None = None
+    row_groups: tuple[int, ...] | None = None
+    read_options: tuple[tuple[str, Any], ...] = ()
+    batch: pa.RecordBatch | None = None
+
+
+@dataclass(frozen=True)
+class JobResult:
+    records: int
+    bytes: int
+    failed: int
+    per_partition: tuple[tuple[int, int], ...]
+    error: str | None = None
+
+
+def _batches(job: Job) -> Iterator[pa.RecordBatch]:
+    """The job's record batches, streamed. Runs in: a pool process."""
+    if job.batch is not None:
+        yield job.batch
+        return
+    assert job.path is not None
+    if job.file_format == "parquet":
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(job.path)
+        needed = job.columns.needed(f.schema_arrow)
+        yield from f.iter_batches(BATCH_ROWS, row_groups=job.row_groups, columns=needed)
+        return
+    data = ds.dataset(job.path, format=_format(job.file_format, dict(job.read_options)))
+    needed = job.columns.needed(data.schema)
+    yield from data.to_batches(columns=needed, batch_size=BATCH_ROWS)
+
+
+def _headers_of(arr: pa.Array) -> list[list[tuple[str, bytes | None]]]:
+    rows = []
+    for row in arr.to_pylist():
+        items = []
+        for h in row or ():
+            v = h.get("value")
+            items.append((h["key"], v.encode() if isinstance(v, str) else v))
+        rows.append(items)
+    return rows
+
+
+def _send(batch: pa.RecordBatch, job: Job) -> Any:
+    """One ``send_batch`` of ``batch``'s columns. Runs in: a pool process."""
+    c = job.columns
+    now_ms = time.time_ns() // 1_000_000
+    value = json_column(batch) if c.value == JSON else binary_column(batch.column(c.value))
+    key = None
+    if c.key is not None:
+        key = json_column(batch) if c.key == JSON else binary_column(batch.column(c.key))
+    headers: Any = list(c.static_headers) if c.static_headers else None
+    if c.headers is not None:
+        per_row = _headers_of(batch.column(c.headers))
+        headers = [list(c.static_headers or ()) + h for h in per_row]
+    return (
+        current().send_batch(
+            job.topic,
+            value,
+            keys=key,
+            partitions=batch.column(c.partition) if c.partition else None,
+            timestamps_ms=(
+                epoch_ms_column(batch.column(c.timestamp), now_ms) if c.timestamp else None
+            ),
+            headers=headers,
+        ),
+        int(_nbytes(value) + (_nbytes(key) if key is not None else 0)),
+    )
+
+
+def _nbytes(arr: pa.Array) -> int:
+    offsets = np.frombuffer(arr.buffers()[1], np.int64 if "large" in str(arr.type) else np.int32)
+    start = offsets[arr.offset]
+    return int(offsets[arr.offset + len(arr)] - start)
+
+
+def _run_job(job: Job) -> JobResult:
+    """Sends a job's rows and waits for their acknowledgements. Never raises: errors
+    come back in the result. Runs in: a pool process."""
+    records = nbytes = failed = 0
+    counts: Counter[int] = Counter()
+    error: str | None = None
+    pending: deque[tuple[Any, int, int]] = deque()
+
+    def take(fut: Any, n: int, size: int) -> None:
+        nonlocal records, nbytes, failed, error
+        try:
+            md = fut.result(timeout=None)
+        except ShmprodError as exc:
+            failed += n
+            error = error or f"{type(exc).__name__}: {exc}"
+            return
+        records += n
+        nbytes += size
+        binc = np.bincount(md.partitions)
+        for p in np.flatnonzero(binc):
+            counts[int(p)] += int(binc[p])
+
+    try:
+        for batch in _batches(job):
+            if not batch.num_rows:
+                continue
+            fut, size = _send(batch, job)
+            pending.append((fut, batch.num_rows, size))
+            while pending and (pending[0][0].done() or len(pending) > 8):
+                take(*pending.popleft())
+        current().flush()
+    except ShmprodError as exc:
+        error = error or f"{type(exc).__name__}: {exc}"
+    except (OSError, pa.ArrowException) as exc:
+        error = error or f"reading {job.path or 'a batch'}: {type(exc).__name__}: {exc}"
+    while pending:
+        take(*pending.popleft())
+    return JobResult(records, nbytes, failed, tuple(sorted(counts.items())), error)
+
+
+# ----------------------------------------------------------------------------------
+# the caller: sources into jobs, checked
+# ----------------------------------------------------------------------------------
+
+
+def _format(name: str | None, options: Mapping[str, Any]) -> Any:
+    if name == "csv" and options:
+        import pyarrow.csv as pcsv
+
+        parse = {k: v for k, v in options.items() if k in ("delimiter", "quote_char")}
+        return ds.CsvFileFormat(parse_options=pcsv.ParseOptions(**parse))
+    return name
+
+
+def _paths(source: str | os.PathLike[str]) -> tuple[list[str], str]:
+    """The files of a path, glob or directory, and their format."""
+    text = os.fspath(source)
+    if os.path.isdir(text):
+        files = sorted(
+            os.path.join(root, f)
+            for root, _dirs, names in os.walk(text)
+            for f in names
+            if not f.startswith((".", "_"))
+        )
+    elif any(ch in text for ch in "*?["):
+        files = sorted(f for f in glob.glob(text, recursive=True) if os.path.isfile(f))
+    else:
+        if not os.path.exists(text):
+            raise ConfigError(f"no such file or directory: {text!r}")
+        files = [text]
+    if not files:
+        raise ConfigError(f"no files in {text!r}")
+    formats = {FORMATS.get(_suffix(f)) for f in files}
+    if None in formats:
+        odd = next(f for f in files if FORMATS.get(_suffix(f)) is None)
+        raise ConfigError(
+            f"{odd!r}: unknown file type; export reads "
+            + ", ".join(sorted(set(FORMATS)))
+            + " (and .gz of csv/json)"
+        )
+    if len(formats) > 1:
+        raise ConfigError(f"{text!r} mixes file types: {sorted(str(f) for f in formats)}")
+    return files, str(formats.pop())
+
+
+def _suffix(path: str) -> str:
+    name = path.lower().removesuffix(".gz").removesuffix(".bz2")
+    return os.path.splitext(name)[1]
+
+
+def _check(schema: pa.Schema, c: Columns, what: str) -> None:
+    """Refuses a column that is missing or of a type it cannot be sent as."""
+    names = set(schema.names)
+
+    def field_of(role: str, name: str) -> pa.Field:
+        if name not in names:
+            raise ConfigError(
+                f"{role} column {name!r} is not in {what}; its columns: " + ", ".join(schema.names)
+            )
+        return schema.field(name)
+
+    for role, name in (("value", c.value), ("key", c.key)):
+        if name is None or name == JSON:
+            continue
+        t = field_of(role, name).type
+        if pa.types.is_nested(t):
+            raise ConfigError(
+                f"{role} column {name!r} has type {t}: give a binary, string or scalar "
+                f"column, or {JSON!r} for the whole row as JSON"
+            )
+    if c.partition is not None:
+        t = field_of("partition", c.partition).type
+        if not pa.types.is_integer(t):
+            raise ConfigError(f"partition column {c.partition!r} has type {t}: need integers")
+    if c.timestamp is not None:
+        t = field_of("timestamp", c.timestamp).type
+        if not (pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_integer(t)):
+            raise ConfigError(
+                f"timestamp column {c.timestamp!r} has type {t}: need a timestamp, a date "
+                "or integer epoch milliseconds"
+            )
+    if c.headers is not None:
+        t = field_of("headers", c.headers).type
+        ok = pa.types.is_list(t) and pa.types.is_struct(t.value_type)
+        if not ok or {t.value_type.field(i).name for i in range(t.value_type.num_fields)} != {
+            "key",
+            "value",
+        }:
+            raise ConfigError(
+                f"headers column {c.headers!r} has type {t}: need list<struct<key: string, "
+                "value: binary>>"
+            )
+
+
+def _file_jobs(
+    files: list[str], fmt: str, topic: str, c: Columns, read_options: Mapping[str, Any]
+) -> tuple[list[Job], int | None]:
+    """One job per Parquet row group (per file otherwise), every file opened and its
+    schema checked first. Returns (jobs, total rows if known)."""
+    jobs: list[Job] = []
+    total: int | None = 0
+    options = tuple(sorted(read_options.items()))
+    for path in files:
+        try:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                meta = pq.ParquetFile(path)
+                _check(meta.schema_arrow, c, path)
+                for g in range(meta.num_row_groups):
+                    jobs.append(Job(topic, c, path, fmt, (g,), options))
+                if total is not None:
+                    total += meta.metadata.num_rows
+            else:
+                frag = ds.dataset(path, format=_format(fmt, read_options))
+                _check(frag.schema, c, path)
+                jobs.append(Job(topic, c, path, fmt, None, options))
+                if fmt == "ipc" and total is not None:
+                    total += frag.count_rows()
+                else:
+                    total = None
+        except ConfigError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"cannot read {path!r}: {exc}") from None
+    return jobs, total
+
+
+def _batch_source(source: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
+    """(schema, batches, total rows if known) of an in-memory source."""
+    if type(source).__module__.startswith("pandas"):
+        source = pa.Table.from_pandas(source, preserve_index=False)
+    if isinstance(source, pa.Table):
+        return source.schema, iter(source.to_batches(BATCH_ROWS)), source.num_rows
+    if isinstance(source, pa.RecordBatch):
+        return source.schema, iter([source]), source.num_rows
+    if isinstance(source, pa.RecordBatchReader):
+        return source.schema, iter(source), None
+    if isinstance(source, ds.Dataset):
+        return source.schema, source.to_batches(batch_size=BATCH_ROWS), None
+    raise ConfigError(
+        f"cannot export a {type(source).__name__}: give a path, glob or directory of "
+        "Parquet, Arrow IPC, CSV or JSON-lines files, a pyarrow Table, RecordBatchReader "
+        "or Dataset, or a pandas DataFrame"
+    )
+
+
+def _static_headers(headers: Any) -> tuple[tuple[str, bytes | None], ...] | None:
+    if headers is None:
+        return None
+    items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    out = []
+    for item in items:
+        if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str)):
+            raise ConfigError(f"headers: need (str, bytes | str | None) pairs, got {item!r}")
+        k, v = item
+        out.append((k, v.encode() if isinstance(v, str) else v))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------
+# progress
+# ----------------------------------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on a terminal: rows, MB, rows/s and, when the total is
+    known, percent and ETA. Refreshed at most 5 times a second."""
+
+    def __init__(self, stream: TextIO, total: int | None, now: float) -> None:
+        self.stream = stream
+        self.total = total
+        self.t0 = now
+        self.last = 0.0
+
+    def show(self, report: ExportReport, now: float, final: bool = False) -> None:
+        if not final and now - self.last < 0.2:
+            return
+        self.last = now
+        elapsed = max(now - self.t0, 1e-9)
+        rate = report.records / elapsed
+        parts = [f"{report.records:,} rows", f"{report.bytes / 1e6:,.1f} MB", f"{rate:,.0f} rows/s"]
+        bar = ""
+        if self.total:
+            done = min(report.records / self.total, 1.0)
+            filled = int(done * 24)
+            bar = "[" + "#" * filled + "." * (24 - filled) + f"] {done:4.0%} "
+            if rate > 0 and not final:
+                parts.append(f"ETA {max(self.total - report.records, 0) / rate:,.0f}s")
+        self.stream.write("\r" + bar + " | ".join(parts) + "\x1b[K")
+        if final:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+# ----------------------------------------------------------------------------------
+# export
+# ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """An export checked and cut into jobs, before any producer exists."""
+
+    topic: str
+    workers: int
+    jobs: Iterator[Job]
+    total_rows: int | None
+
+
+def prepare(
+    source: Any,
+    topic: str,
+    *,
+    key: str | None = None,
+    value: str = "value",
+    partition: str | None = None,
+    timestamp: str | None = None,
+    headers: Any = None,
+    workers: int | None = None,
+    read_options: Mapping[str, Any] | None = None,
+) -> Plan:
+    """Checks ``source`` and the columns (every file opened) and cuts the work into
+    jobs; raises :class:`ConfigError` naming what is wrong. Nothing is sent. Runs in:
+    the caller."""
+    if not isinstance(topic, str) or not topic:
+        raise ConfigError(f"topic must be a non-empty str, got {topic!r}")
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+    header_column = headers if isinstance(headers, str) else None
+    cols = Columns(
+        value,
+        key,
+        partition,
+        timestamp,
+        header_column,
+        None if header_column else _static_headers(headers),
+    )
+    jobs: Iterator[Job]
+    if isinstance(source, str | os.PathLike):
+        files, fmt = _paths(source)
+        job_list, total = _file_jobs(files, fmt, topic, cols, read_options or {})
+        jobs = iter(job_list)
+    else:
+        schema, batches, total = _batch_source(source)
+        _check(schema, cols, f"the {type(source).__name__}")
+        needed = cols.needed(schema)
+        jobs = (Job(topic, cols, batch=b if needed is None else b.select(needed)) for b in batches)
+    return Plan(topic, workers, jobs, total)
+
+
+def export(
+    source: Any,
+    topic: str,
+    *,
+    bootstrap_servers: str,
+    key: str | None = None,
+    value: str = "value",
+    partition: str | None = None,
+    timestamp: str | None = None,
+    headers: Any = None,
+    workers: int | None = None,
+    progress: bool | None = None,
+    check: bool = True,
+    read_options: Mapping[str, Any] | None = None,
+    **producer_config: Any,
+) -> ExportReport:
+    """Exports every row of ``source`` to ``topic`` (see the module docstring).
+
+    ``value``/``key``: a column (binary and strings as they are, other types as their
+    text) or ``"json"`` for the row as a JSON object. ``partition``: an integer column
+    (nulls: the partitioner's choice). ``timestamp``: a timestamp, date or integer
+    epoch-ms column. ``headers``: (name, value) pairs for every record, or the name of
+    a list<struct<key, value>> column. ``workers``: processes (default the CPU count).
+    ``progress``: a bar on stderr (default: when stderr is a terminal).
+    ``read_options``: for CSV files, ``delimiter`` and ``quote_char``.
+    ``producer_config``: :class:`~shmprod.Producer` options. Raises
+    :class:`ConfigError` before anything is sent for a bad source or column, and
+    :class:`ExportError` after, when ``check`` and any record failed.
+    """
+    from shmprod.producer import Producer
+
+    plan = prepare(
+        source,
+        topic,
+        key=key,
+        value=value,
+        partition=partition,
+        timestamp=timestamp,
+        headers=headers,
+        workers=workers,
+        read_options=read_options,
+    )
+    workers, jobs, total = plan.workers, plan.jobs, plan.total_rows
+    show = sys.stderr.isatty() if progress is None else progress
+    report = ExportReport(topic, total_rows=total)
+    with Producer(bootstrap_servers=bootstrap_servers, **producer_config) as producer:
+        t0 = time.monotonic()
+        bar = Progress(sys.stderr, total, t0) if show else None
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(workers, initializer=pool_initializer, initargs=(producer.handle,)) as pool:
+            window: deque[Any] = deque()
+            for job in jobs:  # at most 2 jobs per process pending: a stream stays a stream
+                window.append(pool.apply_async(_run_job, (job,)))
+                while len(window) >= 2 * workers:
+                    report.add(window.popleft().get())
+                    if bar:
+                        bar.show(report, time.monotonic())
+            while window:
+                report.add(window.popleft().get())
+                if bar:
+                    bar.show(report, time.monotonic())
+            pool.close()
+            pool.join()
+        report.seconds = time.monotonic() - t0
+        if bar:
+            bar.show(report, time.monotonic(), final=True)
+    if check and not report.ok:
+        raise ExportError(
+            f"{report.failed:,} of {report.records + report.failed:,} records were not "
+            f"acknowledged; first error: {report.errors[0] if report.errors else '?'}",
+            report,
+        )
+    return report

@@ -81,17 +81,14 @@ class CeleryWorker:
         return alive
 
 
-@pytest.fixture(scope="module")
-def worker(
-    broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[CeleryWorker]:
-    data = tmp_path_factory.mktemp("celery")
-    celery_app.configure(celery_app.app, data)
+def start_worker(bootstrap: str, data: Path, concurrency: int, *extra: str) -> CeleryWorker:
+    """A ``celery -A workers.celery_app worker --pool prefork`` on the server-less
+    transport in ``data``, ready."""
     log = data / "worker.log"
     env = {
         **os.environ,
         "SHMPROD_CELERY_DIR": str(data),
-        "SHMPROD_BOOTSTRAP": broker.bootstrap,
+        "SHMPROD_BOOTSTRAP": bootstrap,
         "SHMPROD_PRODUCER_OPTIONS": '{"compression_type": "lz4", "linger_ms": 5}',
         "PYTHONPATH": str(ROOT),
     }
@@ -107,14 +104,15 @@ def worker(
                 "--pool",
                 "prefork",
                 "--concurrency",
-                "2",
+                str(concurrency),
                 "--loglevel",
                 "INFO",
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",
                 "--hostname",
-                f"shmprod-test-{os.getpid()}@%h",
+                f"shmprod-test-{os.getpid()}-{concurrency}@%h",
+                *extra,
             ],
             cwd=ROOT,
             env=env,
@@ -123,20 +121,37 @@ def worker(
             start_new_session=True,
         )
     w = CeleryWorker(proc, log)
+    w.wait_ready()
+    return w
+
+
+def stop_and_check(w: CeleryWorker) -> None:
+    """Warm shutdown; nothing left: no process, no segment, no error in the log."""
+    killed = w.stop()
+    assert not killed, f"processes still alive after the worker stopped: {killed}"
+    if w.segment is not None:
+        assert not os.path.exists(f"/dev/shm/{w.segment}"), "the producer was not closed"
+    assert w.proc.returncode == 0, w.log_text()
+    text = w.log_text()
+    # the only tracebacks are the task failures a test asked for
+    assert text.count("Traceback") == text.count("raised unexpected: UnknownPartitionError")
+    assert "ERROR/MainProcess" not in text and "CRITICAL" not in text, text
+
+
+@pytest.fixture(scope="module")
+def worker(
+    broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CeleryWorker]:
+    data = tmp_path_factory.mktemp("celery")
+    celery_app.configure(celery_app.app, data)  # this module's client: the app itself
+    w = start_worker(broker.bootstrap, data, 2)
     try:
-        w.wait_ready()
         yield w
     finally:
-        killed = w.stop()
-        celery_app.app.close()
-        assert not killed, f"processes still alive after the worker stopped: {killed}"
-        if w.segment is not None:
-            assert not os.path.exists(f"/dev/shm/{w.segment}"), "the producer was not closed"
-        assert w.proc.returncode == 0, w.log_text()
-        text = w.log_text()
-        # the only tracebacks are the task failures a test asked for
-        assert text.count("Traceback") == text.count("raised unexpected: UnknownPartitionError")
-        assert "ERROR/MainProcess" not in text and "CRITICAL" not in text, text
+        try:
+            stop_and_check(w)
+        finally:
+            celery_app.app.close()
 
 
 def results(asyncs: list[Any]) -> list[dict[str, Any]]:

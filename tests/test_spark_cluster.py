@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from shmprod.broker import EmbeddedBroker
+from tests.procs import broker_connections, segments, senders
 from tests.readback import Landed, consume_all
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
@@ -34,29 +35,6 @@ from tests.test_spark_source import host_daemons, wait_gone
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
 IDLE_MS = 1500
-
-
-def senders() -> set[int]:
-    """Every sender process on the machine (``python -m shmprod.sender``)."""
-    out = set()
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "shmprod.sender" in cmd:
-            out.add(p.pid)
-    return out
-
-
-def broker_connections(port: int) -> Counter[int]:
-    """Established TCP connections to the broker's port, by process id."""
-    return Counter(
-        c.pid
-        for c in psutil.net_connections("tcp")
-        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED and c.pid
-    )
-
-
-def segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("shmprod-")}
 
 
 @contextlib.contextmanager

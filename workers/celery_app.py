@@ -1,4 +1,5 @@
-"""A Celery app whose prefork pool children share the host's one shmprod producer.
+"""A Celery app whose prefork pool children share the host's one shmprod producer: an
+example on top of :func:`shmprod.celery.setup`.
 
     SHMPROD_BOOTSTRAP=127.0.0.1:9092 SHMPROD_CELERY_DIR=/var/lib/exports \\
         celery -A workers.celery_app worker --pool prefork --concurrency 4
@@ -8,11 +9,9 @@
     >>> export_rows.delay("events", [{"key": "u1", "value": "{...}"}]).get(timeout=60)
     {'records': 1, 'partitions': {'2': 1}, 'pid': 4242}
 
-The main worker process creates ONE producer when it starts (``worker_init``, before the
-pool forks); every pool child attaches to it by handle in ``worker_process_init`` (or on
-its first task, for pools that do not send that signal) and detaches in
-``worker_process_shutdown``; the main process closes the producer in ``worker_shutdown``.
-Tasks send whole columns with ``send_batch`` and return their counts once every future
+``shmprod.celery.setup`` makes the main worker process create ONE producer when it
+starts, before the pool forks; every pool child attaches to it and detaches when it
+exits (see :mod:`shmprod.celery`). Tasks send whole columns with ``send_batch`` and return their counts once every future
 resolved, so a successful result means the broker acknowledged every record; a failed
 send fails the task with the typed shmprod error.
 
@@ -42,16 +41,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 try:
-    from celery import Celery, signals
+    from celery import Celery
 except ImportError as exc:  # say which extra, not just the module
     raise ImportError(
         f"{exc}: workers.celery_app needs shmprod's 'celery' extra, pip install 'shmprod[celery]'"
     ) from exc
 
-from shmprod import BatchFuture, Handle, Producer, attach
-from shmprod.errors import ProducerClosedError
-from shmprod.worker import Worker
-from workers.pool_exporter import as_binary, as_epoch_ms
+import shmprod.celery
+from shmprod import BatchFuture
+from shmprod.tables import binary_column, epoch_ms_column
 
 app = Celery("shmprod_export")
 app.conf.update(
@@ -94,76 +92,15 @@ if os.environ.get("SHMPROD_CELERY_DIR"):
     configure(app, os.environ["SHMPROD_CELERY_DIR"])
 
 
-# ----------------------------------------------------------------------------------
-# the producer: created in the main worker process, attached in each pool child
-# ----------------------------------------------------------------------------------
-
-_producer: Producer | None = None
-_producer_pid = 0
-_handle: Handle | None = None
-_worker: Worker | None = None
-_worker_pid = 0
-
-
-@signals.worker_init.connect
-def start_producer(**_: Any) -> None:
-    """Runs in: the main worker process, before the pool starts."""
-    global _producer, _producer_pid, _handle
-    bootstrap = os.environ.get("SHMPROD_BOOTSTRAP")
-    if not bootstrap:
-        raise RuntimeError("set SHMPROD_BOOTSTRAP to the Kafka brokers (host:port[,host:port])")
-    options = json.loads(os.environ.get("SHMPROD_PRODUCER_OPTIONS") or "{}")
-    _producer = Producer(bootstrap_servers=bootstrap, **options)
-    _producer_pid = os.getpid()
-    _handle = _producer.handle
-
-
-@signals.worker_process_init.connect
-def attach_child(**_: Any) -> None:
-    """Runs in: each pool child, right after it started (forked from the main process,
-    which holds the handle)."""
-    global _worker, _worker_pid
-    if _handle is not None:
-        _worker = attach(_handle)
-        _worker_pid = os.getpid()
-
-
-@signals.worker_process_shutdown.connect
-def detach_child(**_: Any) -> None:
-    """Runs in: a pool child that exits; flushes what it sent (bounded) and detaches."""
-    global _worker
-    if _worker is not None and _worker_pid == os.getpid():
-        _worker.close(timeout=30)
-        _worker = None
-
-
-@signals.worker_shutdown.connect
-def close_producer(**_: Any) -> None:
-    """Runs in: the main worker process, after the pool stopped."""
-    global _producer
-    if _producer is not None and _producer_pid == os.getpid():
-        _producer.close(timeout=30)
-        _producer = None
-
-
-def sender() -> Producer | Worker:
-    """This process's way to the producer: the child's attachment (made now if the pool
-    did not send ``worker_process_init``), or the producer itself in the main process
-    (``--pool solo``)."""
-    global _worker, _worker_pid
-    pid = os.getpid()
-    if _worker is not None and _worker_pid == pid:
-        return _worker
-    if _producer is not None and _producer_pid == pid:
-        return _producer
-    if _handle is None:
-        raise ProducerClosedError(
-            "no shmprod producer in this worker: start it with "
-            "`celery -A workers.celery_app worker` and SHMPROD_BOOTSTRAP set"
-        )
-    _worker = attach(_handle)
-    _worker_pid = pid
-    return _worker
+# the shared producer: shmprod.celery hooks the worker's signals (built in the main
+# process before the pool forks, attached in each child); clients build nothing
+if os.environ.get("SHMPROD_BOOTSTRAP"):
+    shmprod.celery.setup(
+        app,
+        bootstrap_servers=os.environ["SHMPROD_BOOTSTRAP"],
+        **json.loads(os.environ.get("SHMPROD_PRODUCER_OPTIONS") or "{}"),
+    )
+sender = shmprod.celery.producer
 
 
 def _resolve(futures: list[BatchFuture], timeout_s: float) -> dict[str, Any]:
@@ -243,9 +180,13 @@ def export_parquet(
         futures.append(
             w.send_batch(
                 topic,
-                as_binary(table[value_column]),
-                keys=as_binary(table[key_column]) if key_column else None,
-                timestamps_ms=as_epoch_ms(table[timestamp_column]) if timestamp_column else None,
+                binary_column(table[value_column]),
+                keys=binary_column(table[key_column]) if key_column else None,
+                timestamps_ms=(
+                    epoch_ms_column(table[timestamp_column], time.time_ns() // 1_000_000)
+                    if timestamp_column
+                    else None
+                ),
             )
         )
     return _resolve(futures, timeout_s)
@@ -256,5 +197,6 @@ def producer_stats() -> dict[str, Any]:
     """The shared producer's counters (sender, pool), read from shared memory, and the
     name of its segment."""
     stats = sender().stats()
-    segment = _handle.segment if _handle is not None else None
+    handle = shmprod.celery.handle()
+    segment = handle.segment if handle is not None else None
     return {"sender": stats["sender"], "pool": stats["pool"], "segment": segment}

@@ -1,0 +1,32 @@
+"""What the process table and the sockets show: sender processes, connections to a
+broker, shared-memory segments (tests count them from the outside)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import psutil
+
+
+def senders() -> set[int]:
+    """Every sender process on the machine (``python -m shmprod.sender``)."""
+    out = set()
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "shmprod.sender" in cmd:
+            out.add(p.pid)
+    return out
+
+
+def broker_connections(port: int) -> Counter[int]:
+    """Established TCP connections to the broker's port, by process id."""
+    return Counter(
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED and c.pid
+    )
+
+
+def segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("shmprod-")}

@@ -307,6 +307,25 @@ def build_parser() -> argparse.ArgumentParser:
     bar.add_argument("--no-progress", dest="progress", action="store_false")
     exp.set_defaults(func=_cmd_export)
 
+    st = sub.add_parser(
+        "stats",
+        help="watch a running producer of this user (read-only): rates, queues, pool, "
+        "attached processes",
+    )
+    st.add_argument(
+        "segment", nargs="?", help="its shared-memory name (default: the only running one)"
+    )
+    st.add_argument("--json", action="store_true", help="one JSON object per refresh")
+    st.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (1)")
+    st.add_argument("--count", type=_int_range(1), default=None, help="refreshes, then exit")
+    st.add_argument(
+        "--serve",
+        type=_int_range(1, 65535),
+        metavar="PORT",
+        help="serve Prometheus/OpenMetrics text on 127.0.0.1:PORT/metrics until Ctrl-C",
+    )
+    st.set_defaults(func=_cmd_stats)
+
     broker = sub.add_parser("broker", help="run a local development broker (tansu) on loopback")
     broker.add_argument(
         "--port", type=_int_range(1, 65535), default=None, help="listen port (a free one)"
@@ -327,6 +346,29 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--dry-run", action="store_true", help="list them, remove nothing")
     cleanup.set_defaults(func=_cmd_cleanup)
     return parser
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    """``shmprod stats``: see :mod:`shmprod.stats`."""
+    from shmprod.stats import live_producers, serve_metrics, watch
+
+    segment = args.segment
+    if segment is None:
+        running = live_producers()
+        if not running:
+            print("shmprod stats: no running producer of this user", file=sys.stderr)
+            return 1
+        if len(running) > 1:
+            raise _Usage("several producers run; name one: " + ", ".join(running))
+        segment = running[0]
+    if args.serve is not None:
+        server = serve_metrics(segment, args.serve)
+        print(f"serving http://127.0.0.1:{args.serve}/metrics (Ctrl-C stops)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait(None if args.count is None else args.count * args.interval)
+        server.shutdown()
+        return 0
+    return watch(segment, interval_s=args.interval, count=args.count, as_json=args.json)
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:

@@ -214,6 +214,12 @@ class Producer:
                     stale.size / 2**20,
                 )
         self._segment = Segment.create(geo.segment_size)
+        log.info(
+            "producer in shared memory %s/%s (watch it: shmprod stats %s)",
+            shm.SHM_DIR,
+            self._segment.name,
+            self._segment.name,
+        )
         start_us = process_start_us()
         write_header(self._segment.view, geo, self._pid, start_us)
         self._tmpdir = socket_dir(self._segment.name)

@@ -30,3 +30,12 @@ def broker_connections(port: int) -> Counter[int]:
 
 def segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("shmprod-")}
+
+
+def free_port() -> int:
+    """A free loopback TCP port (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -27,13 +27,14 @@ if os.environ.get("SHMPROD_BOOTSTRAP"):  # the worker's producer; clients need n
 
 def use_files(directory: str) -> None:
     """Queues and results as files (kombu filesystem://): no message server needed."""
-    for sub in ("q", "r"):
+    for sub in ("q", "r", "c"):
         os.makedirs(os.path.join(directory, sub), exist_ok=True)
     app.conf.update(
         broker_url="filesystem://",
         broker_transport_options={
             "data_folder_in": os.path.join(directory, "q"),
             "data_folder_out": os.path.join(directory, "q"),
+            "control_folder": os.path.join(directory, "c"),
             "polling_interval": 0.1,
         },
         result_backend=f"file://{os.path.join(directory, 'r')}",

@@ -38,7 +38,6 @@ from typing import Any, Final, TextIO
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from shmprod.errors import ConfigError, ShmprodError
 from shmprod.pool import current, pool_initializer
@@ -160,6 +159,8 @@ def _batches(job: Job) -> Iterator[pa.RecordBatch]:
         needed = job.columns.needed(f.schema_arrow)
         yield from f.iter_batches(BATCH_ROWS, row_groups=job.row_groups, columns=needed)
         return
+    import pyarrow.dataset as ds  # imports pandas: only where files are read
+
     data = ds.dataset(job.path, format=_format(job.file_format, dict(job.read_options)))
     needed = job.columns.needed(data.schema)
     yield from data.to_batches(columns=needed, batch_size=BATCH_ROWS)
@@ -259,6 +260,8 @@ def _format(name: str | None, options: Mapping[str, Any]) -> Any:
         import pyarrow.csv as pcsv
 
         parse = {k: v for k, v in options.items() if k in ("delimiter", "quote_char")}
+        import pyarrow.dataset as ds
+
         return ds.CsvFileFormat(parse_options=pcsv.ParseOptions(**parse))
     return name
 
@@ -363,6 +366,8 @@ def _file_jobs(
                 if total is not None:
                     total += meta.metadata.num_rows
             else:
+                import pyarrow.dataset as ds
+
                 frag = ds.dataset(path, format=_format(fmt, read_options))
                 _check(frag.schema, c, path)
                 jobs.append(Job(topic, c, path, fmt, None, options))
@@ -387,7 +392,8 @@ def _batch_source(source: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int
         return source.schema, iter([source]), source.num_rows
     if isinstance(source, pa.RecordBatchReader):
         return source.schema, iter(source), None
-    if isinstance(source, ds.Dataset):
+    ds = sys.modules.get("pyarrow.dataset")  # a Dataset means it is imported already
+    if ds is not None and isinstance(source, ds.Dataset):
         return source.schema, source.to_batches(batch_size=BATCH_ROWS), None
     raise ConfigError(
         f"cannot export a {type(source).__name__}: give a path, glob or directory of "

@@ -156,10 +156,11 @@ def test_executors_on_one_host_share_one_producer_and_one_connection(
 
 
 def _attached_python_workers(exclude: set[int]) -> list[int]:
-    """Python processes (not in ``exclude``) that map a shmprod segment."""
+    """pyspark's Python workers (not in ``exclude``) that map a shmprod segment."""
     found = []
     for p in psutil.process_iter(["name", "cmdline"]):
-        if p.pid in exclude or "python" not in (p.info["name"] or ""):
+        cmd = " ".join(p.info["cmdline"] or ())
+        if p.pid in exclude or "pyspark" not in cmd:  # never another test's processes
             continue
         with contextlib.suppress(psutil.Error):
             if any("/dev/shm/shmprod-" in m.path for m in p.memory_maps()):
@@ -190,16 +191,24 @@ def test_a_writer_killed_mid_write_is_retried_and_every_row_lands(
         .mode("append")
     )
     killed: list[int] = []
+    tracker = spark.sparkContext.statusTracker()
+
+    def failed_tasks() -> int:
+        infos = (tracker.getStageInfo(s) for s in tracker.getActiveStageIds())
+        return sum(i.numFailedTasks for i in infos if i is not None)
 
     def kill_a_writer() -> None:
+        """SIGKILLs writers until Spark counts a failed task: a writer between two
+        tasks (its attachment kept for the next) fails none."""
         deadline = time.monotonic() + 60
-        while not killed and time.monotonic() < deadline:
-            time.sleep(0.5)
-            exclude = {os.getpid(), *host_daemons(runtime), *senders()}
+        while time.monotonic() < deadline and failed_tasks() == 0 and len(killed) < 5:
+            time.sleep(0.2)
+            exclude = {os.getpid(), *host_daemons(runtime), *senders(), *killed}
             victims = _attached_python_workers(exclude)
             if victims:
-                os.kill(victims[0], signal.SIGKILL)  # a writer task's Python worker, mid-write
+                os.kill(victims[0], signal.SIGKILL)  # a writer task's Python worker
                 killed.append(victims[0])
+                time.sleep(1.0)  # Spark notices the lost worker
 
     killer = threading.Thread(target=kill_a_writer, daemon=True)
     killer.start()

@@ -134,7 +134,17 @@ class Job:
     file_format: str | None = None
     row_groups: tuple[int, ...] | None = None
     read_options: tuple[tuple[str, Any], ...] = ()
-    batch: pa.RecordBatch | None = None
+    batch_ipc: bytes | None = None  # an in-memory batch as an Arrow IPC stream
+
+
+def _to_ipc(batch: pa.RecordBatch) -> bytes:
+    """A batch as an Arrow IPC stream: only its own rows. (A pickled slice carries its
+    parent's whole buffers: a 65,536-row slice of a million-row table pickles to the
+    whole table.)"""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return bytes(sink.getvalue())
 
 
 @dataclass(frozen=True)
@@ -148,8 +158,8 @@ class JobResult:
 
 def _batches(job: Job) -> Iterator[pa.RecordBatch]:
     """The job's record batches, streamed. Runs in: a pool process."""
-    if job.batch is not None:
-        yield job.batch
+    if job.batch_ipc is not None:
+        yield from pa.ipc.open_stream(job.batch_ipc)
         return
     assert job.path is not None
     if job.file_format == "parquet":
@@ -208,6 +218,15 @@ def _nbytes(arr: pa.Array) -> int:
     offsets = np.frombuffer(arr.buffers()[1], np.int64 if "large" in str(arr.type) else np.int32)
     start = offsets[arr.offset]
     return int(offsets[arr.offset + len(arr)] - start)
+
+
+HANDLE_WAIT_S: Final = 300.0
+
+
+def _attach_from(handles: Any) -> None:
+    """The pool's initializer: waits for the producer's handle, then attaches. Runs in:
+    a pool process (killed with the pool if the producer never starts)."""
+    pool_initializer(handles.get(timeout=HANDLE_WAIT_S))
 
 
 def _run_job(job: Job) -> JobResult:
@@ -504,7 +523,10 @@ def prepare(
         schema, batches, total = _batch_source(source)
         _check(schema, cols, f"the {type(source).__name__}")
         needed = cols.needed(schema)
-        jobs = (Job(topic, cols, batch=b if needed is None else b.select(needed)) for b in batches)
+        jobs = (
+            Job(topic, cols, batch_ipc=_to_ipc(b if needed is None else b.select(needed)))
+            for b in batches
+        )
     return Plan(topic, workers, jobs, total)
 
 
@@ -553,27 +575,35 @@ def export(
     workers, jobs, total = plan.workers, plan.jobs, plan.total_rows
     show = sys.stderr.isatty() if progress is None else progress
     report = ExportReport(topic, total_rows=total)
-    with Producer(bootstrap_servers=bootstrap_servers, **producer_config) as producer:
-        t0 = time.monotonic()
-        bar = Progress(sys.stderr, total, t0) if show else None
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(workers, initializer=pool_initializer, initargs=(producer.handle,)) as pool:
-            window: deque[Any] = deque()
-            for job in jobs:  # at most 2 jobs per process pending: a stream stays a stream
-                window.append(pool.apply_async(_run_job, (job,)))
-                while len(window) >= 2 * workers:
-                    report.add(window.popleft().get())
-                    if bar:
-                        bar.show(report, time.monotonic())
-            while window:
+    t0 = time.monotonic()
+    bar = Progress(sys.stderr, total, t0) if show else None
+    ctx = mp.get_context("spawn")
+    handles = ctx.Queue()
+    # The pool's processes start (import shmprod, pyarrow) while the producer starts;
+    # each then takes the producer's handle from the queue and attaches.
+    with (
+        ctx.Pool(workers, initializer=_attach_from, initargs=(handles,)) as pool,
+        Producer(bootstrap_servers=bootstrap_servers, **producer_config) as producer,
+    ):
+        for _ in range(workers):
+            handles.put(producer.handle)
+        window: deque[Any] = deque()
+        for job in jobs:  # at most 2 jobs per process pending: a stream stays a stream
+            window.append(pool.apply_async(_run_job, (job,)))
+            while len(window) >= 2 * workers:
                 report.add(window.popleft().get())
                 if bar:
                     bar.show(report, time.monotonic())
-            pool.close()
-            pool.join()
-        report.seconds = time.monotonic() - t0
-        if bar:
-            bar.show(report, time.monotonic(), final=True)
+        while window:
+            report.add(window.popleft().get())
+            if bar:
+                bar.show(report, time.monotonic())
+        pool.close()
+        pool.join()  # every process detached before the producer closes
+    report.seconds = time.monotonic() - t0
+    if bar:
+        bar.show(report, time.monotonic(), final=True)
+    handles.close()
     if check and not report.ok:
         raise ExportError(
             f"{report.failed:,} of {report.records + report.failed:,} records were not "

@@ -108,7 +108,13 @@ class Watch:
 # ---------------------------------------------------------------------------------
 
 
-def count_back(bootstrap: str, expected: int, timeout: float = 120.0) -> int:
+def count_back(
+    bootstrap: str,
+    expected: int,
+    timeout: float = 120.0,
+    topic: str = TOPIC,
+    partitions: int = PARTITIONS,
+) -> int:
     """How many records the topic holds, read back with confluent-kafka's consumer
     (the broker's high watermark is not exact: see the broker notes)."""
     from confluent_kafka import Consumer, TopicPartition
@@ -124,7 +130,7 @@ def count_back(bootstrap: str, expected: int, timeout: float = 120.0) -> int:
         }
     )
     try:
-        c.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         n = 0
         deadline = time.monotonic() + timeout
         quiet_until = None

@@ -1,0 +1,199 @@
+"""``shmprod.export`` of an Arrow table against confluent-kafka, one producer per process.
+
+    python bench/export.py            # 1,000,000 rows, 3 interleaved runs (run it alone)
+    python bench/export.py --quick    # 200,000 rows, one run each (what CI runs)
+
+The same table -- distinct random (incompressible) 100-byte values and 16-byte keys --
+goes to a 12-partition topic on a fresh embedded broker per measurement, lz4, acks=all,
+linger 5 ms, idempotence on, by:
+
+* ``shmprod export``: ``shmprod.export(table, ...)`` with ``workers`` spawned processes
+  sharing one producer (the pool's start-up is in the time, as a user sees it);
+* ``confluent-kafka``: the same number of spawned processes, each given its slice of
+  the table (pickled, as ``export`` hands batches to its pool) and producing every row
+  with ``produce`` into a producer of its own, then ``flush``.
+
+The clock runs from the call to the last acknowledgement; every run reads the topic
+back and fails unless it holds exactly the rows. Medians of the runs with min and max;
+JSON and markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import pyarrow as pa
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _peers import make_columns
+from suite import RESULTS, _cpu_model
+
+TOPIC = "export-bench"
+PARTITIONS = 12
+VALUE_SIZE = 100
+LINGER_MS = 5
+
+
+def _confluent_slice(bootstrap: str, values: list[bytes], keys: list[bytes]) -> int:
+    """Runs in a spawned process: one confluent-kafka producer for its slice."""
+    from confluent_kafka import Producer
+
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": LINGER_MS,
+            "compression.type": "lz4",
+            "log_level": 3,
+        }
+    )
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    produce = p.produce
+    for v, k in zip(values, keys, strict=True):
+        while True:
+            try:
+                produce(TOPIC, v, k, on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.005)
+    if p.flush(600) != 0 or errors:
+        raise RuntimeError(f"confluent-kafka: {errors[:3]}")
+    return len(values)
+
+
+def _confluent(bootstrap: str, table: pa.Table, workers: int) -> None:
+    n = table.num_rows
+    step = -(-n // workers)
+    slices = [table.slice(i, step) for i in range(0, n, step)]
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        jobs = [
+            (bootstrap, s.column("value").to_pylist(), s.column("key").to_pylist()) for s in slices
+        ]
+        sent = sum(pool.starmap(_confluent_slice, jobs))
+    if sent != n:
+        raise RuntimeError(f"confluent-kafka sent {sent} of {n}")
+
+
+def _shmprod(bootstrap: str, table: pa.Table, workers: int) -> None:
+    import shmprod
+
+    r = shmprod.export(
+        table,
+        TOPIC,
+        bootstrap_servers=bootstrap,
+        key="key",
+        value="value",
+        workers=workers,
+        progress=False,
+        compression_type="lz4",
+        linger_ms=LINGER_MS,
+    )
+    if r.records != table.num_rows:
+        raise RuntimeError(f"shmprod export acknowledged {r.records} of {table.num_rows}")
+
+
+KINDS = {"shmprod export": _shmprod, "confluent-kafka": _confluent}
+
+
+def measure(kind: str, table: pa.Table, workers: int) -> float:
+    """One run on a fresh broker: rows/s, after checking the topic holds every row."""
+    from suite import count_back
+
+    from shmprod.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        broker.create_topic(TOPIC, PARTITIONS)
+        t0 = time.perf_counter()
+        KINDS[kind](broker.bootstrap, table, workers)
+        seconds = time.perf_counter() - t0
+        got = count_back(broker.bootstrap, table.num_rows, topic=TOPIC, partitions=PARTITIONS)
+    if got != table.num_rows:
+        raise RuntimeError(f"{kind}: the topic holds {got} records, {table.num_rows} were sent")
+    return table.num_rows / seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="200,000 rows, one run each")
+    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args(argv)
+    rows = args.rows or (200_000 if args.quick else 1_000_000)
+    runs = args.runs or (1 if args.quick else 3)
+    values, keys = make_columns(11, rows, VALUE_SIZE, True)
+    table = pa.table({"value": values, "key": keys})
+    results: dict[str, list[float]] = {k: [] for k in KINDS}
+    t0 = time.monotonic()
+    for run in range(runs):  # interleaved: each run measures every kind once
+        for kind in KINDS if run % 2 == 0 else reversed(KINDS):
+            rate = measure(kind, table, args.workers)
+            results[kind].append(rate)
+            print(f"run {run + 1}/{runs} {kind}: {rate:,.0f} rows/s", flush=True)
+    rows_out = {
+        k: {
+            "median": statistics.median(v),
+            "min": min(v),
+            "max": max(v),
+            "runs": v,
+        }
+        for k, v in results.items()
+    }
+    ratio = rows_out["shmprod export"]["median"] / rows_out["confluent-kafka"]["median"]
+    from importlib.metadata import version
+
+    meta = {
+        "quick": args.quick,
+        "rows": rows,
+        "runs": runs,
+        "workers": args.workers,
+        "value_size": VALUE_SIZE,
+        "key_size": 16,
+        "compression": "lz4",
+        "partitions": PARTITIONS,
+        "linger_ms": LINGER_MS,
+        "python": sys.version.split()[0],
+        "cpu": f"{os.cpu_count()} cores, {_cpu_model()}",
+        "versions": {n: version(n) for n in ("shmprod", "confluent-kafka", "pyarrow")},
+        "elapsed_s": round(time.monotonic() - t0, 1),
+    }
+    os.makedirs(RESULTS, exist_ok=True)
+    prefix = os.path.join(RESULTS, "export-quick" if args.quick else "export")
+    with open(prefix + ".json", "w", encoding="utf-8") as f:
+        json.dump({"meta": meta, "results": rows_out, "ratio": ratio}, f, indent=2)
+    lines = [
+        f"# export: {rows:,} rows of {VALUE_SIZE} B values, 16 B keys, lz4, "
+        f"{args.workers} processes, {runs} run(s)",
+        "",
+        f"{meta['cpu']}; Python {meta['python']}; "
+        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        "",
+        "| producer | rows/s (median) | min | max |",
+        "|---|---|---|---|",
+    ]
+    for k, r in rows_out.items():
+        lines.append(f"| {k} | {r['median']:,.0f} | {r['min']:,.0f} | {r['max']:,.0f} |")
+    lines += ["", f"shmprod export / confluent-kafka: **{ratio:.2f}x**", ""]
+    with open(prefix + ".md", "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -34,7 +34,7 @@ import pyarrow as pa
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _peers import make_columns
-from suite import RESULTS, _cpu_model
+from suite import RESULTS, _cpu_model, count_back, installed_version
 
 TOPIC = "export-bench"
 PARTITIONS = 12
@@ -112,7 +112,6 @@ KINDS = {"shmprod export": _shmprod, "confluent-kafka": _confluent}
 
 def measure(kind: str, table: pa.Table, workers: int) -> float:
     """One run on a fresh broker: rows/s, after checking the topic holds every row."""
-    from suite import count_back
 
     from shmprod.broker import EmbeddedBroker
 
@@ -155,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in results.items()
     }
     ratio = rows_out["shmprod export"]["median"] / rows_out["confluent-kafka"]["median"]
-    from importlib.metadata import version
-
     meta = {
         "quick": args.quick,
         "rows": rows,
@@ -169,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "linger_ms": LINGER_MS,
         "python": sys.version.split()[0],
         "cpu": f"{os.cpu_count()} cores, {_cpu_model()}",
-        "versions": {n: version(n) for n in ("shmprod", "confluent-kafka", "pyarrow")},
+        "versions": {n: installed_version(n) for n in ("shmprod", "confluent-kafka", "pyarrow")},
         "elapsed_s": round(time.monotonic() - t0, 1),
     }
     os.makedirs(RESULTS, exist_ok=True)

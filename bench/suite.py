@@ -551,15 +551,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def installed_version(name: str) -> str:
+    """The installed version of distribution ``name``, or "not installed"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
-    from importlib.metadata import version
-
-    def v(name: str) -> str:
-        try:
-            return version(name)
-        except Exception:
-            return "not installed"
-
+    v = installed_version
     return {
         "quick": args.quick,
         "repeat": args.repeat,

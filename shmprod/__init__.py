@@ -14,7 +14,6 @@ from shmprod.errors import (
 
 __version__ = "0.1.0"
 
-from shmprod.exporter import ExportError, ExportReport, export
 from shmprod.futures import BatchFuture, BatchMetadata, RecordFuture, RecordMetadata
 from shmprod.handle import Handle
 from shmprod.host import host_producer
@@ -46,3 +45,21 @@ __all__ = [
     "host_producer",
     "pool_initializer",
 ]
+
+
+_LAZY = {
+    "export": "shmprod.exporter",
+    "ExportError": "shmprod.exporter",
+    "ExportReport": "shmprod.exporter",
+}
+
+
+def __getattr__(name: str) -> object:
+    """``export`` and its types load on first use: importing shmprod stays light for
+    the processes that only send (workers, the sender, a host producer)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shmprod' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -3,7 +3,7 @@
 ``shmprod.host_producer(bootstrap_servers=..., **config)`` returns a :class:`Worker`
 attached to THE producer of this host, this user and this configuration:
 
-* The first caller starts it: a small daemon process (``python -m shmprod.host``, a
+* The first caller starts it: a small daemon process (``shmprod.host.main`` in a
   fresh interpreter in its own session) that owns an ordinary :class:`Producer` -- the
   same producer core and sender -- and writes its handle to a private file. Later
   callers attach to it.
@@ -164,7 +164,7 @@ def _start_daemon(
     fd = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "shmprod.host"],
+            [sys.executable, "-c", "import sys, shmprod.host; sys.exit(shmprod.host.main())"],
             env=_sender_env(),  # what Python needs, not the caller's secrets
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,

@@ -315,6 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "segment", nargs="?", help="its shared-memory name (default: the only running one)"
     )
+    st.add_argument(
+        "--bootstrap-servers",
+        type=_bootstrap,
+        help="find the host producer (shmprod.host_producer) of this configuration...",
+    )
+    st.add_argument(
+        "-X", action="append", metavar="NAME=VALUE", help="...with these producer options"
+    )
     st.add_argument("--json", action="store_true", help="one JSON object per refresh")
     st.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (1)")
     st.add_argument("--count", type=_int_range(1), default=None, help="refreshes, then exit")
@@ -353,6 +361,20 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     from shmprod.stats import live_producers, serve_metrics, watch
 
     segment = args.segment
+    if segment is None and args.bootstrap_servers is not None:
+        from shmprod.config import text_options
+        from shmprod.errors import ConfigError
+        from shmprod.host import find
+
+        try:
+            options = text_options(dict(_pair(x, "-X") for x in args.X or ()))
+            handle = find(args.bootstrap_servers, **options)
+        except ConfigError as exc:
+            raise _Usage(str(exc)) from None
+        if handle is None:
+            print("shmprod stats: no host producer of that configuration runs", file=sys.stderr)
+            return 1
+        segment = handle.segment
     if segment is None:
         running = live_producers()
         if not running:

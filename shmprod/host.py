@@ -46,7 +46,7 @@ from shmprod.handle import Handle
 from shmprod.producer import _sender_env, fit_pool
 from shmprod.worker import Worker, attach
 
-__all__ = ["host_id", "host_producer", "runtime_dir"]
+__all__ = ["find", "host_id", "host_producer", "runtime_dir"]
 
 log = logging.getLogger("shmprod.host")
 
@@ -97,6 +97,7 @@ def config_key(cfg: ProducerConfig) -> str:
     wire["key_serializer"] = _qualified(cfg.key_serializer)
     wire["value_serializer"] = _qualified(cfg.value_serializer)
     wire["partitioner"] = _qualified(cfg.partitioner)
+    wire["linger_ms"] = float(wire["linger_ms"])  # 5 and 5.0 (Spark's text) are one option
     blob = json.dumps([os.getuid(), host_id(), wire], sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 
@@ -153,6 +154,16 @@ def host_producer(
         handle = _read_handle(base + ".handle")
         assert handle is not None
         return attach(handle)
+
+
+def find(bootstrap_servers: str | None = None, **options: Any) -> Handle | None:
+    """The handle of the running host producer of this configuration (the options of
+    :func:`host_producer`), or None: for readers such as ``shmprod stats``; it starts
+    nothing. Runs in: any process of the user."""
+    if bootstrap_servers is not None:
+        options["bootstrap_servers"] = bootstrap_servers
+    cfg = ProducerConfig.from_keywords(**options)
+    return _read_handle(os.path.join(runtime_dir(), config_key(cfg)) + ".handle")
 
 
 def _start_daemon(

@@ -174,3 +174,35 @@ def test_snapshot_of_scribbled_bytes_is_a_stats_error_or_a_reading(
             assert isinstance(snap["sender"]["records_sent"], int)
     finally:
         os.unlink(path)
+
+
+def test_stats_finds_a_host_producer_by_its_configuration(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--bootstrap-servers`` and ``-X`` name a host producer's configuration; options
+    given as text (linger.ms=5) are the same configuration as keywords (linger_ms=5)."""
+    import os
+
+    from shmprod import host_producer
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    broker.create_topic(topic_name, 1)
+    with host_producer(broker.bootstrap, linger_ms=5, idle_timeout_ms=300) as w:
+        w.send(topic_name, b"x", partition=0).result(30)
+        args = ["stats", "--bootstrap-servers", broker.bootstrap, "--json", "--count", "1"]
+        out = subprocess.run(
+            [sys.executable, "-m", "shmprod", *args, "-X", "linger.ms=5"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=os.environ.copy(),
+        )
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["segment"] == w.segment_name
+        other = subprocess.run(
+            [sys.executable, "-m", "shmprod", *args, "-X", "linger.ms=6"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert other.returncode == 1 and "no host producer of that configuration" in other.stderr

@@ -215,7 +215,11 @@ def _send(batch: pa.RecordBatch, job: Job) -> Any:
 
 
 def _nbytes(arr: pa.Array) -> int:
-    offsets = np.frombuffer(arr.buffers()[1], np.int64 if "large" in str(arr.type) else np.int32)
+    """Bytes of a binary or string column's values (a null-typed column: none)."""
+    buffers = arr.buffers()
+    if len(buffers) < 2 or buffers[1] is None:
+        return 0
+    offsets = np.frombuffer(buffers[1], np.int64 if "large" in str(arr.type) else np.int32)
     start = offsets[arr.offset]
     return int(offsets[arr.offset + len(arr)] - start)
 

@@ -298,3 +298,13 @@ def test_timestamps_of_dates_and_integers(broker: EmbeddedBroker, topic_name: st
         datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC).timestamp() * 1000
     )
     assert got[1].timestamp_ms > got[0].timestamp_ms  # null: now
+
+
+def test_tombstones_a_null_value_column(broker: EmbeddedBroker, topic_name: str) -> None:
+    """A value column of nulls (Arrow's null type) sends tombstones with their keys."""
+    broker.create_topic(topic_name, 1)
+    t = pa.table({"key": ["a", "b"], "value": pa.nulls(2)})
+    r = shmprod.export(t, topic_name, bootstrap_servers=broker.bootstrap, key="key", workers=1)
+    assert r.records == 2 and r.bytes == 2
+    got = sorted(records(broker.bootstrap, topic_name, 1, 2), key=lambda x: x.key or b"")
+    assert [(x.key, x.value) for x in got] == [(b"a", None), (b"b", None)]

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from shmprod.errors import ConfigError, ProducerHostError, ShmprodError
+from shmprod.errors import ConfigError, ProducerHostError
 from shmprod.extras import require
 from shmprod.spark.export import (
     REPORT_SCHEMA,
@@ -56,6 +56,7 @@ from shmprod.spark.session import (
     local_session,
     stop_session,
     task_error,
+    typed_task_errors,
     worker_python,
 )
 from shmprod.spark.sink import (
@@ -132,14 +133,6 @@ def _options(
 def _columns(df: Any, opts: SinkOptions) -> SinkColumns:
     fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
     return check_schema(fields, opts.topic)
-
-
-def _typed(exc: Exception) -> Exception:
-    """A failed Spark action's error as the shmprod error its task raised, if any."""
-    if isinstance(exc, ShmprodError):
-        return exc
-    typed = task_error(exc)
-    return typed if typed is not None else exc
 
 
 @dataclass
@@ -224,13 +217,8 @@ def write(
     check_worker_python(df.sparkSession)
     report = WriteReport()
     t0 = time.monotonic()
-    try:
+    with typed_task_errors():
         rows = df.select(*cols.names).mapInArrow(_MapWrite(opts, cols), _RESULT_DDL).collect()
-    except Exception as exc:
-        typed = _typed(exc)
-        if typed is exc:
-            raise
-        raise typed from exc
     report.seconds = time.monotonic() - t0
     for r in rows:
         report.pids.add(r.pid)

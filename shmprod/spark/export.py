@@ -53,12 +53,12 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import numpy as np
 import pyarrow as pa
 
-from shmprod.errors import ProducerError, ProducerHostError, ShmprodError
+from shmprod.errors import ProducerError, ProducerHostError
 from shmprod.futures import BatchFuture
 from shmprod.handle import Handle
 from shmprod.shm import SharedMemoryError
 from shmprod.spark.columns import rows_table
-from shmprod.spark.session import check_worker_python, task_error
+from shmprod.spark.session import check_worker_python, typed_task_errors
 from shmprod.spark.task import Deliveries, task_identity
 from shmprod.tables import binary_column, epoch_ms_column
 from shmprod.worker import Worker, attach
@@ -359,7 +359,7 @@ def export_dataframe(
     report = SparkExportReport(topic)
     selected = df.select(*spec.columns)
     t0 = time.monotonic()
-    try:
+    with typed_task_errors():
         if method == "arrow":
             report.add(selected.mapInArrow(spec.map_batches, _REPORT_DDL).collect())
         elif method == "rows":
@@ -368,12 +368,5 @@ def export_dataframe(
             report.add(acc.value)
         else:
             raise ValueError(f"method must be 'arrow' or 'rows', got {method!r}")
-    except ShmprodError:
-        raise
-    except Exception as exc:
-        typed = task_error(exc)
-        if typed is None:
-            raise
-        raise typed from exc
     report.seconds = time.monotonic() - t0
     return report

@@ -4,10 +4,12 @@ error a failed task raised, rebuilt from Spark's error text. Runs in: the driver
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import sys
+from collections.abc import Iterator
 from typing import Any, Final
 
 from shmprod.errors import ConfigError, KafkaError, ShmprodError
@@ -18,12 +20,28 @@ __all__ = [
     "local_session",
     "stop_session",
     "task_error",
+    "typed_task_errors",
     "worker_python",
 ]
 
 # "shmprod.errors.DeliveryTimeoutError: message" as a Python traceback ends
 _TYPED_LINE: Final = re.compile(r"^(shmprod(?:\.\w+)+)\.(\w+): (.*)$", re.MULTILINE)
 _KAFKA_TEXT: Final = re.compile(r"^\[(-?\d+)\] \w+(?:: (.*))?$", re.DOTALL)
+
+
+@contextlib.contextmanager
+def typed_task_errors() -> Iterator[None]:
+    """Re-raises a failed Spark action's error as the shmprod error its task raised
+    (Spark's error as its cause); other errors pass as they are. Runs in: the driver."""
+    try:
+        yield
+    except ShmprodError:
+        raise
+    except Exception as exc:
+        typed = task_error(exc)
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def task_error(exc: BaseException) -> ShmprodError | None:

@@ -193,10 +193,7 @@ def _int_range(low: int, high: int | None = None) -> Callable[[str], int]:
 def _topic_spec(text: str) -> str:
     """``NAME`` or ``NAME:PARTITIONS`` with a legal name and at least one partition."""
     name, sep, count = text.partition(":")
-    try:
-        validate_topic(name)
-    except ShmprodError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    _topic_spec_plain(name)
     if sep:
         _int_range(1, 1_000_000)(count)
     return text

@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from shmprod.errors import ConfigError, ShmprodError
 from shmprod.pool import current, pool_initializer
-from shmprod.tables import binary_column, epoch_ms_column, json_column
+from shmprod.tables import binary_column, epoch_ms_column, header_rows, json_column
 
 __all__ = ["ExportError", "ExportReport", "Plan", "export", "prepare"]
 
@@ -176,17 +176,6 @@ def _batches(job: Job) -> Iterator[pa.RecordBatch]:
     yield from data.to_batches(columns=needed, batch_size=BATCH_ROWS)
 
 
-def _headers_of(arr: pa.Array) -> list[list[tuple[str, bytes | None]]]:
-    rows = []
-    for row in arr.to_pylist():
-        items = []
-        for h in row or ():
-            v = h.get("value")
-            items.append((h["key"], v.encode() if isinstance(v, str) else v))
-        rows.append(items)
-    return rows
-
-
 def _send(batch: pa.RecordBatch, job: Job) -> Any:
     """One ``send_batch`` of ``batch``'s columns. Runs in: a pool process."""
     c = job.columns
@@ -197,7 +186,7 @@ def _send(batch: pa.RecordBatch, job: Job) -> Any:
         key = json_column(batch) if c.key == JSON else binary_column(batch.column(c.key))
     headers: Any = list(c.static_headers) if c.static_headers else None
     if c.headers is not None:
-        per_row = _headers_of(batch.column(c.headers))
+        per_row = header_rows(batch.column(c.headers))
         headers = [list(c.static_headers or ()) + h for h in per_row]
     return (
         current().send_batch(

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from shmprod.errors import InvalidRecordError
 
-__all__ = ["binary_column", "epoch_ms_column", "json_column"]
+__all__ = ["binary_column", "epoch_ms_column", "header_rows", "json_column"]
 
 
 def binary_column(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -81,3 +81,19 @@ def json_column(batch: pa.RecordBatch | pa.Table) -> pa.Array:
     ISO 8601, binary as base64, decimals as strings. One Python step per row."""
     dumps = json.JSONEncoder(default=_json_default, separators=(",", ":"), ensure_ascii=False)
     return pa.array([dumps.encode(row) for row in batch.to_pylist()], pa.string())
+
+
+def header_rows(arr: pa.Array | pa.ChunkedArray) -> list[list[tuple[str, bytes | None]]]:
+    """A list<struct<key, value>> column as one list of (key, value) pairs per row
+    (string values as UTF-8; a null list: no headers). One Python step per header: the
+    per-row headers path."""
+    out: list[list[tuple[str, bytes | None]]] = []
+    for row in arr.to_pylist():
+        items: list[tuple[str, bytes | None]] = []
+        for h in row or ():
+            if h is None or h.get("key") is None:
+                raise InvalidRecordError("a header in the headers column has a null key")
+            v = h.get("value")
+            items.append((h["key"], v.encode() if isinstance(v, str) else v))
+        out.append(items)
+    return out

@@ -52,7 +52,7 @@ from shmprod.host import host_id
 from shmprod.spark.attachments import attachment
 from shmprod.spark.columns import rows_table
 from shmprod.spark.task import Deliveries, task_identity
-from shmprod.tables import binary_column, epoch_ms_column
+from shmprod.tables import binary_column, epoch_ms_column, header_rows
 from shmprod.worker import Worker
 
 __all__ = [
@@ -298,21 +298,6 @@ def _lineage(opts: SinkOptions) -> _Lineage:
     return _Lineage(query.encode(), batch.encode(), str(part).encode(), str(attempt).encode())
 
 
-def _headers_rows(arr: pa.Array) -> list[list[tuple[str, bytes | None]]]:
-    """A headers column as one list of (key, value) per row (one Python step per
-    header: the per-row headers path)."""
-    out: list[list[tuple[str, bytes | None]]] = []
-    for row in arr.to_pylist():
-        items: list[tuple[str, bytes | None]] = []
-        for h in row or ():
-            if h is None or h.get("key") is None:
-                raise InvalidRecordError("a header in the 'headers' column has a null key")
-            v = h.get("value")
-            items.append((h["key"], v.encode() if isinstance(v, str) else v))
-        out.append(items)
-    return out
-
-
 def _column(rb: pa.RecordBatch, name: str | None) -> pa.Array | None:
     return None if name is None else rb.column(name)
 
@@ -337,7 +322,7 @@ def send_record_batch(
     parts = _column(rb, cols.partition)
     hdr_arr = _column(rb, cols.headers)
     headers: list[list[tuple[str, bytes | None]]] | None = (
-        _headers_rows(hdr_arr) if hdr_arr is not None else None
+        header_rows(hdr_arr) if hdr_arr is not None else None
     )
     if lineage is not None:
         fixed = [

@@ -266,3 +266,59 @@ def wait_for_executors(spark: Any, count: int, timeout_s: float = 60.0) -> None:
             break
         time.sleep(_POLL_S)
     raise TimeoutError(f"fewer than {count} executors registered within {timeout_s}s")
+
+
+def children() -> set[int]:
+    """This process's descendants now (to tell later which ones a session started)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def stop_and_reap(spark: Any, before: set[int], timeout_s: float = 30.0) -> list[psutil.Process]:
+    """Stops ``spark`` and its JVM, then waits for (and kills) every descendant started
+    since ``before``; returns those that had to be killed."""
+    from shmprod.spark import stop_session
+
+    stop_session(spark, timeout_s=timeout_s)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(left, timeout=20)
+    for p in alive:
+        p.kill()
+    return list(alive)
+
+
+@contextlib.contextmanager
+def private_runtime(base: Path) -> Iterator[Path]:
+    """XDG_RUNTIME_DIR for this process and the JVMs (and Python workers) it starts:
+    host producers' files go to ``base/shmprod``."""
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(base)
+    try:
+        yield base / "shmprod"
+    finally:
+        if old is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = old
+
+
+def host_daemons(runtime: Path) -> list[int]:
+    """The pids of the host producers whose files are in ``runtime``."""
+    pids = []
+    for f in runtime.glob("*.pid") if runtime.exists() else ():
+        try:
+            pid = int(f.read_text().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if pid and psutil.pid_exists(pid):
+            pids.append(pid)
+    return pids
+
+
+def wait_gone(runtime: Path, timeout_s: float) -> bool:
+    """Whether every host producer of ``runtime`` closed within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not host_daemons(runtime) and not list(runtime.glob("*.handle")):
+            return True
+        time.sleep(0.1)
+    return False

@@ -15,6 +15,7 @@ import pytest
 import shmprod
 from shmprod.broker import EmbeddedBroker
 from shmprod.errors import ProducerError
+from tests.faultrig import wait_until
 from tests.readback import consume_all
 
 pytestmark = pytest.mark.broker
@@ -100,20 +101,9 @@ def test_pool_processes_share_the_producer(
         p._test_topic = topic_name  # type: ignore[attr-defined]
         results = pool(p)
         # every pool process detached when it exited: only the owner is left
-        deadline_ok = _eventually(lambda: p.stats()["sender"]["workers_attached"] == 1)
+        deadline_ok = wait_until(lambda: p.stats()["sender"]["workers_attached"] == 1, 20)
         assert deadline_ok, p.stats()["sender"]["workers_attached"]
     _check(broker.bootstrap, topic_name, results)
-
-
-def _eventually(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def test_current_outside_a_pool_says_what_to_do() -> None:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 
 from shmprod import Producer
@@ -26,10 +25,10 @@ from shmprod.spark import (
     export_dataframe,
     forget,
     local_session,
-    stop_session,
     worker_for,
 )
 from tests.readback import Landed, consume_all
+from tests.spark_cluster import children, stop_and_reap
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
@@ -42,7 +41,7 @@ PARTITIONS = 3
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     """A small local[2] session for the module; its JVM and Python workers stopped after."""
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = children()
     session = local_session(
         "local[2]",
         "shmprod-tests",
@@ -52,11 +51,7 @@ def spark() -> Iterator[Any]:
     try:
         yield session
     finally:
-        stop_session(session, timeout_s=30)
-        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        _, alive = psutil.wait_procs(left, timeout=20)
-        for p in alive:
-            p.kill()
+        alive = stop_and_reap(session, before)
         assert not alive, f"Spark left processes behind: {alive}"
 
 

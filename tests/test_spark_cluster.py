@@ -27,33 +27,25 @@ from tests.readback import Landed, consume_all
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 import shmprod.spark
-from shmprod.spark import local_session, stop_session
+from shmprod.spark import local_session
 from shmprod.spark.sink import LINEAGE_HEADERS
-from tests.spark_cluster import wait_for_executors
-from tests.test_spark_source import host_daemons, wait_gone
+from tests.spark_cluster import (
+    children,
+    host_daemons,
+    private_runtime,
+    stop_and_reap,
+    wait_for_executors,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
 IDLE_MS = 1500
 
 
-@contextlib.contextmanager
-def private_runtime(base: Path) -> Iterator[Path]:
-    """XDG_RUNTIME_DIR for this process and the JVMs (and Python workers) it starts."""
-    old = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = str(base)
-    try:
-        yield base / "shmprod"
-    finally:
-        if old is None:
-            os.environ.pop("XDG_RUNTIME_DIR", None)
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = old
-
-
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = children()
     with private_runtime(tmp_path_factory.mktemp("xdg")) as runtime:
         spark = local_session(
             "local-cluster[2,1,1024]",
@@ -66,11 +58,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[An
             wait_for_executors(spark, 2)
             yield spark, runtime
         finally:
-            stop_session(spark, timeout_s=30)
-            left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-            _, alive = psutil.wait_procs(left, timeout=20)
-            for p in alive:
-                p.kill()
+            stop_and_reap(spark, before)
             assert wait_gone(runtime, 30), host_daemons(runtime)
 
 

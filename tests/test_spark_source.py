@@ -9,14 +9,12 @@ Python worker inherits it).
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from shmprod.broker import EmbeddedBroker
@@ -26,8 +24,9 @@ from tests.readback import Landed, consume_all
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 import shmprod.spark
-from shmprod.spark import local_session, stop_session
+from shmprod.spark import local_session
 from shmprod.spark.sink import LINEAGE_HEADERS
+from tests.spark_cluster import children, host_daemons, private_runtime, stop_and_reap, wait_gone
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -36,46 +35,15 @@ PARTITIONS = 6
 IDLE_MS = 1000
 
 
-def host_daemons(runtime: Path) -> list[int]:
-    """The pids of the host producers whose files are in ``runtime``."""
-    pids = []
-    for f in runtime.glob("*.pid") if runtime.exists() else ():
-        try:
-            pid = int(f.read_text().strip() or 0)
-        except (OSError, ValueError):
-            continue
-        if pid and psutil.pid_exists(pid):
-            pids.append(pid)
-    return pids
-
-
-def wait_gone(runtime: Path, timeout_s: float) -> bool:
-    """Whether every host producer of ``runtime`` closed within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not host_daemons(runtime) and not list(runtime.glob("*.handle")):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    base = tmp_path_factory.mktemp("xdg")
-    old = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = str(base)
-    try:
-        yield base / "shmprod"
-    finally:
-        if old is None:
-            os.environ.pop("XDG_RUNTIME_DIR", None)
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = old
+    with private_runtime(tmp_path_factory.mktemp("xdg")) as path:
+        yield path
 
 
 @pytest.fixture(scope="module")
 def spark(runtime: Path) -> Iterator[Any]:
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = children()
     session = local_session(
         "local[2]",
         "shmprod-source-tests",
@@ -86,11 +54,7 @@ def spark(runtime: Path) -> Iterator[Any]:
     try:
         yield session
     finally:
-        stop_session(session, timeout_s=30)
-        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        _, alive = psutil.wait_procs(left, timeout=20)
-        for p in alive:
-            p.kill()
+        stop_and_reap(session, before)
         # Python workers gone: the host producers close idleTimeoutMs later
         assert wait_gone(runtime, 30), host_daemons(runtime)
 

@@ -116,7 +116,8 @@ class Columns:
     headers: str | None = None  # a column of list<struct<key, value>>
     static_headers: tuple[tuple[str, bytes | None], ...] | None = None
 
-    def needed(self, schema: pa.Schema) -> list[str] | None:
+    @property
+    def needed(self) -> list[str] | None:
         """The columns a job reads (None: all, for a JSON row)."""
         if JSON in (self.value, self.key):
             return None
@@ -166,14 +167,12 @@ def _batches(job: Job) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
         f = pq.ParquetFile(job.path)
-        needed = job.columns.needed(f.schema_arrow)
-        yield from f.iter_batches(BATCH_ROWS, row_groups=job.row_groups, columns=needed)
+        yield from f.iter_batches(BATCH_ROWS, row_groups=job.row_groups, columns=job.columns.needed)
         return
     import pyarrow.dataset as ds  # imports pandas: only where files are read
 
     data = ds.dataset(job.path, format=_format(job.file_format, dict(job.read_options)))
-    needed = job.columns.needed(data.schema)
-    yield from data.to_batches(columns=needed, batch_size=BATCH_ROWS)
+    yield from data.to_batches(columns=job.columns.needed, batch_size=BATCH_ROWS)
 
 
 def _send(batch: pa.RecordBatch, job: Job) -> Any:
@@ -515,7 +514,7 @@ def prepare(
     else:
         schema, batches, total = _batch_source(source)
         _check(schema, cols, f"the {type(source).__name__}")
-        needed = cols.needed(schema)
+        needed = cols.needed
         jobs = (
             Job(topic, cols, batch_ipc=_to_ipc(b if needed is None else b.select(needed)))
             for b in batches

@@ -28,7 +28,7 @@ from shmprod.errors import ShmprodError
 from shmprod.host import host_producer
 from shmprod.worker import Worker
 
-__all__ = ["HOLD_MAX_S", "attachment", "close_all", "hold_s"]
+__all__ = ["HOLD_MAX_S", "attachment", "hold_s"]
 
 log = logging.getLogger("shmprod.spark")
 
@@ -119,13 +119,3 @@ def _reap() -> None:
             gone = [_entries.pop(k) for k in idle]
         for entry in gone:
             _close(entry, 30.0)
-
-
-def close_all() -> None:
-    """Closes this process's unused attachments now (tests; a script about to exit)."""
-    with _lock:
-        _here()
-        idle = [k for k, e in _entries.items() if e.users == 0]
-        gone = [_entries.pop(k) for k in idle]
-    for entry in gone:
-        _close(entry, 30.0)

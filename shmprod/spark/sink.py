@@ -281,10 +281,9 @@ class _Lineage:
     attempt: bytes
 
 
-def _lineage(opts: SinkOptions) -> _Lineage:
+def _lineage(opts: SinkOptions, part: int, attempt: int) -> _Lineage:
     """This task's lineage values (streaming: the query's id and micro-batch id from
     the task's local properties; a batch write: its write id and batch 0)."""
-    part, attempt = task_identity()
     query, batch = opts.write_id, "0"
     try:
         from pyspark import TaskContext
@@ -392,7 +391,7 @@ def write_task(
     error of the first failure. Runs in: a Spark Python worker."""
     t0 = time.monotonic()
     part, attempt = task_identity()
-    lineage = _lineage(opts) if opts.include_lineage else None
+    lineage = _lineage(opts, part, attempt) if opts.include_lineage else None
     with attachment(opts.key, opts.producer_options, opts.idle_timeout_ms) as w:
         deliveries = Deliveries(w, opts.timeout_s)
         row = 0

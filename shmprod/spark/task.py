@@ -56,10 +56,6 @@ class Deliveries:
         while self.pending:
             self._take(self.pending.popleft())
 
-    @property
-    def records(self) -> int:
-        return sum(self.counts.values())
-
 
 def task_identity() -> tuple[int, int]:
     """(Spark partition id, attempt number) of the running task, or (-1, 0) outside Spark."""

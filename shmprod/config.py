@@ -300,6 +300,7 @@ def _check(cfg: ProducerConfig) -> None:
         or not 0 <= linger <= 3_600_000
     ):
         raise ConfigError(f"option 'linger_ms' must be a number in [0, 3600000], got {linger!r}")
+    _set(cfg, "linger_ms", float(linger))  # 5 and 5.0 (an option given as text) are one
     _int(cfg, "batch_size", 1024, 64 * 1024 * 1024)
     _int(cfg, "buffer_memory", 64 * 1024, 2**40)
     if cfg.buffer_memory < 2 * cfg.batch_size:

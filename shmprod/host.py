@@ -97,7 +97,6 @@ def config_key(cfg: ProducerConfig) -> str:
     wire["key_serializer"] = _qualified(cfg.key_serializer)
     wire["value_serializer"] = _qualified(cfg.value_serializer)
     wire["partitioner"] = _qualified(cfg.partitioner)
-    wire["linger_ms"] = float(wire["linger_ms"])  # 5 and 5.0 (Spark's text) are one option
     blob = json.dumps([os.getuid(), host_id(), wire], sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 

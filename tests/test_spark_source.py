@@ -285,6 +285,7 @@ def test_streaming_stopped_and_restarted_from_its_checkpoint_loses_nothing(
     while not q.recentProgress and time.monotonic() < deadline:  # at least one micro-batch
         time.sleep(0.1)
     q.stop()  # maybe in the middle of the next micro-batch
+    progress = list(q.recentProgress)
     first_id = str(q.id)
     _files(spark, source, 60_000, 30_000, 3)
     q = start({"availableNow": True})
@@ -294,8 +295,14 @@ def test_streaming_stopped_and_restarted_from_its_checkpoint_loses_nothing(
     landed = records_of(consume_all(broker.bootstrap, topic_name, 3, 90_000, 120, extra_wait_s=1))
     values = Counter(r.value for r in landed)
     assert set(values) == {b"value-%d" % i for i in range(90_000)}  # nothing lost
+    progress += q.recentProgress
+    # each record names the micro-batch that wrote it: every batch that read rows, and
+    # only those (an interrupted batch runs again under its id); how many batches Spark
+    # plans for the files is its business
     batches = {dict(r.headers)[LINEAGE_HEADERS[1]] for r in landed}
-    assert len(batches) >= 5  # 9 files, 2 per micro-batch
+    with_rows = {str(p["batchId"]).encode() for p in progress if p["numInputRows"]}
+    assert with_rows <= batches <= {str(p["batchId"]).encode() for p in progress}, progress
+    assert len(batches) >= 2
     assert {dict(r.headers)[LINEAGE_HEADERS[0]] for r in landed} == {first_id.encode()}
     # at-least-once: a repeat is a micro-batch re-run after the stop, identified by its
     # lineage (same batch, partition and row)

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from shmprod.speedups import FutureCore
+
 __all__ = [
     "BatchFuture",
     "BatchMetadata",
@@ -265,20 +267,19 @@ def _timeout_error(timeout: float | None) -> concurrent.futures.TimeoutError:
     return concurrent.futures.TimeoutError(f"no outcome within {timeout} s")
 
 
-class RecordFuture:
+class RecordFuture(FutureCore):
     """The outcome of one record sent with ``send``: its stage and its row in it.
 
     Behaves like :class:`concurrent.futures.Future` (``result``, ``exception``,
     ``done``, ``add_done_callback``); a record cannot be cancelled once sent. Until its
     stage is flushed (at most ``linger_ms``) it is pending; then it reads its batch's
-    outcome: offset ``base_offset + index``.
+    outcome: offset ``base_offset + index``. ``RecordFuture(stage, row)``: the stage and
+    row are :class:`~shmprod.speedups.FutureCore`'s, so the C path of ``send()`` makes
+    one without running Python.
     """
 
-    __slots__ = ("_row", "_stage")
-
-    def __init__(self, stage: Stage, row: int) -> None:
-        self._stage = stage
-        self._row = row
+    __slots__ = ()
+    _stage: Stage
 
     def __reduce__(self) -> Any:
         raise TypeError("a RecordFuture belongs to the process that sent; it cannot be pickled")

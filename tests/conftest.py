@@ -11,8 +11,10 @@ import psutil
 import pytest
 
 from shmprod import layout as L
+from shmprod import speedups
 from shmprod.broker import EmbeddedBroker
 from shmprod.worker import Worker, attach
+from shmprod.worker import core as worker_core
 from tests.kafka_proxy import KafkaProxy
 from tests.test_worker_fakesender import FakeSender
 
@@ -95,9 +97,17 @@ def fake() -> Iterator[FakeSender]:
         yield f
 
 
-@pytest.fixture
-def w(fake: FakeSender) -> Iterator[Worker]:
-    """A worker attached to the fake sender; closed after the test."""
+@pytest.fixture(params=["c", "python"])
+def w(
+    fake: FakeSender, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Worker]:
+    """A worker attached to the fake sender; closed after the test. Once with send()'s
+    common case in C (the extension), once with its Python twin (shmprod.speedups)."""
+    if request.param == "c":
+        if not speedups.ACCELERATED:
+            pytest.skip("the C extension is not in use")
+    else:
+        monkeypatch.setattr(worker_core, "Stager", speedups._PyStager)
     worker = attach(fake.handle)
     try:
         yield worker

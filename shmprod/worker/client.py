@@ -64,7 +64,7 @@ from shmprod.worker.inputs import (
     encoded_headers,
     serialize,
 )
-from shmprod.worker.staging import Stage
+from shmprod.worker.staging import RECORD_OVERHEAD_MAX, STAGED_OVERHEAD, Stage
 from shmprod.worker.topics import TopicEntry, validate_topic
 
 __all__ = ["Worker", "attach"]
@@ -72,10 +72,6 @@ __all__ = ["Worker", "attach"]
 log = logging.getLogger(__name__)
 
 
-# Largest varint overhead of one record besides key, value and headers: length (5),
-# attributes (1), timestampDelta (10), offsetDelta (5), keyLength (5), valueLength (5).
-_RECORD_OVERHEAD_MAX: Final = 31
-_STAGED_OVERHEAD: Final = 12  # about the varint bytes of a staged record, for sizing
 _STAGE_MAX_BYTES: Final = 8 << 20  # a stage is flushed by this size at the latest
 _STAGED_MAX_BYTES: Final = 32 << 20  # ... and every stage of the process by this total
 _time_ns = time.time_ns
@@ -300,6 +296,13 @@ class Worker(WorkerCore):
         """
         if self._state or self._fatal is not None:
             self._refuse()
+        # the common case (bytes or None key and value, no headers, no explicit
+        # partition, the topic's stage has room), in C where built: shmprod.speedups
+        stager = self._stager
+        if stager is not None:
+            fut = stager(topic, value, key, headers, partition, timestamp_ms)
+            if fut is not None:
+                return fut  # type: ignore[no-any-return]
         try:
             # staged as bytes: a mutable buffer is copied now, so a caller that reuses
             # it after send() returns cannot change what is sent
@@ -327,33 +330,10 @@ class Worker(WorkerCore):
                 validate_topic(topic)
             klen = 0 if kb is None else len(kb)
             vlen = 0 if vb is None else len(vb)
-            bound = klen + vlen + hlen + _RECORD_OVERHEAD_MAX
+            bound = klen + vlen + hlen + RECORD_OVERHEAD_MAX
             if bound > self._records_room or bound + HEADER_SIZE > self._max_request_size:
                 self._check_size(record_size(0, 0, kb, vb, encoded_headers(pairs)))
-            size = klen + vlen + hlen + _STAGED_OVERHEAD
-            if partition is None and pairs is None:
-                # the common case, kept short: a topic with a stage that has room (the
-                # lock's acquire/release, not ``with``: half the cost, once per record)
-                lock = self._lock
-                lock.acquire()
-                try:
-                    stages = self._stages.get(topic)
-                    if (
-                        stages is not None
-                        and len(stages) == 1
-                        and (stage := stages[0]).nbytes + size <= stage.limit
-                        and stage.plain
-                    ):
-                        # Stage.append, inlined: this line runs once per record
-                        row = stage.n
-                        stage.values.append(vb)
-                        stage.keys.append(kb)
-                        stage.timestamps.append(ts)
-                        stage.n = row + 1
-                        stage.nbytes += size
-                        return RecordFuture(stage, row)
-                finally:
-                    lock.release()
+            size = klen + vlen + hlen + STAGED_OVERHEAD
             while True:
                 fut = self._stage_record(topic, kb, vb, pairs, hlen, ts, partition, size)
                 if fut is not None:

@@ -58,12 +58,13 @@ from shmprod.errors import (
     ShmprodError,
     error_from_code,
 )
-from shmprod.futures import BatchOutcome, OutcomePiece
+from shmprod.futures import BatchOutcome, OutcomePiece, RecordFuture
 from shmprod.partitioner import Murmur2Partitioner, default_random_source, get_partitioner
 from shmprod.protocol.records import HEADER_SIZE
 from shmprod.shm import Segment
+from shmprod.speedups import Stager
 from shmprod.worker import shmstats
-from shmprod.worker.staging import Stage
+from shmprod.worker.staging import RECORD_OVERHEAD_MAX, STAGED_OVERHEAD, Stage
 from shmprod.worker.topics import TopicEntry, TopicTable
 
 __all__ = ["CLOSED", "CLOSING", "FORKED", "OPEN", "WorkerCore"]
@@ -139,6 +140,19 @@ class WorkerCore:
         # topic -> records send() staged, oldest stage first; only the last takes records
         # (earlier ones are stages a flush could not get buffers for, first in line)
         self._stages: dict[str, list[Stage]] = {}
+        # send()'s common case (shmprod.speedups); serializers take the Python path
+        self._stager: Stager | None = None
+        if self._key_ser is None and self._value_ser is None:
+            self._stager = Stager(
+                self._stages,
+                self._lock,
+                RecordFuture,
+                self._records_room,
+                self._max_request_size,
+                HEADER_SIZE,
+                RECORD_OVERHEAD_MAX,
+                STAGED_OVERHEAD,
+            )
         self._flushing = False  # one flush (or send_batch) at a time: partition order
         self._inflight: dict[int, tuple[BatchOutcome, int]] = {}
         self._stock: list[int] = []

@@ -20,7 +20,8 @@ handed to the sender -- when:
 Why (measured, ARCHITECTURE.md "The per-record path"): appending each record into a
 shared-memory batch of its partition cost 7-14 us of Python per record (murmur2 and the
 varint header in Python), and every new batch waited for a buffer from the sender; the
-staged path costs about a microsecond per record plus a fraction in the bulk encoder.
+staged path costs about a microsecond of Python per record plus a fraction in the bulk
+encoder, and its common case runs in C (:mod:`shmprod.speedups`: about a quarter).
 Lists rather than a ``bytearray`` of the bytes and ``array`` offsets (measured: three
 list appends about 35 ns a record, two extends and three ``array`` appends about 250
 ns); the flush joins each list into one buffer and takes the lengths in C (about 130
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -41,12 +43,22 @@ import pyarrow as pa
 
 from shmprod.futures import BatchOutcome, RecordFuture, _call
 from shmprod.protocol.records import Header
+from shmprod.speedups import StageCore
 
-__all__ = ["Stage"]
+__all__ = ["RECORD_OVERHEAD_MAX", "STAGED_OVERHEAD", "Stage"]
+
+# Largest varint overhead of one record besides key, value and headers: length (5),
+# attributes (1), timestampDelta (10), offsetDelta (5), keyLength (5), valueLength (5).
+RECORD_OVERHEAD_MAX: Final = 31
+STAGED_OVERHEAD: Final = 12  # about the varint bytes of a staged record, for sizing
 
 
-class Stage:
-    """The staged records of one topic in one process (see the module docstring)."""
+class Stage(StageCore):
+    """The staged records of one topic in one process (see the module docstring).
+
+    The fields ``send()`` touches (``values``, ``keys``, ``timestamps``, ``n``,
+    ``nbytes``, ``limit``, ``plain``) are :class:`~shmprod.speedups.StageCore`'s, so the
+    C path of ``send()`` reaches them without attribute lookups."""
 
     __slots__ = (
         "_callbacks",
@@ -58,20 +70,13 @@ class Stage:
         "flushed",
         "header_max",
         "headers",
-        "keys",
-        "limit",
-        "n",
-        "nbytes",
         "outcomes",
         "partition_bytes",
         "partitions",
-        "plain",
         "row_batch",
         "row_index",
         "row_partition",
-        "timestamps",
         "topic",
-        "values",
     )
 
     def __init__(

@@ -1,0 +1,163 @@
+"""The per-record ``send()`` path: the C extension ``shmprod._speedups``, or its twin here.
+
+``send()`` costs about 1.1 us of the caller's CPU per record in Python; in C the same
+steps cost about a quarter of that (ARCHITECTURE.md "The per-record path"). The
+extension is built when shmprod is installed (``pip install``) and is optional: without
+a C compiler, or with ``SHMPROD_PURE_PYTHON=1`` in the environment, the classes below
+do the same in Python. The tests run both and compare them.
+
+* :class:`StageCore`: the fields of a stage that ``send()`` touches (rows, sizes, limit);
+  :class:`shmprod.worker.staging.Stage` subclasses it.
+* :class:`FutureCore`: a record future's stage and row;
+  :class:`shmprod.futures.RecordFuture` subclasses it.
+* :class:`Stager`: the common case of ``Worker.send`` (bytes or None key and value, no
+  headers, no explicit partition, the topic's one stage has room): stages the row under
+  the Worker's state lock and returns its future; None when nothing was staged and the
+  Python path must handle the record.
+
+Runs in: worker. ``Stager`` takes the Worker's state lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["ACCELERATED", "FutureCore", "StageCore", "Stager"]
+
+_time_ns = time.time_ns
+_INT64_MAX = (1 << 63) - 1
+
+
+class _PyStageCore:
+    """Python twin of ``shmprod._speedups.StageCore``."""
+
+    __slots__ = ("keys", "limit", "n", "nbytes", "plain", "timestamps", "values")
+
+    values: list[bytes | None]
+    keys: list[bytes | None]
+    timestamps: list[int]
+    n: int
+    nbytes: int
+    limit: int
+    plain: bool
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        self = super().__new__(cls)
+        self.n = 0
+        self.nbytes = 0
+        self.limit = 1 << 62
+        self.plain = True
+        return self
+
+
+class _PyFutureCore:
+    """Python twin of ``shmprod._speedups.FutureCore``."""
+
+    __slots__ = ("_row", "_stage")
+
+    def __init__(self, stage: Any, row: int) -> None:
+        self._stage = stage
+        self._row = row
+
+
+class _PyStager:
+    """Python twin of ``shmprod._speedups.Stager`` (see the module docstring)."""
+
+    __slots__ = (
+        "_future_type",
+        "_header_size",
+        "_lock",
+        "_max_request_size",
+        "_overhead_max",
+        "_records_room",
+        "_staged_overhead",
+        "_stages",
+    )
+
+    def __init__(
+        self,
+        stages: dict[str, list[Any]],
+        lock: threading.Lock,
+        future_type: type[Any],
+        records_room: int,
+        max_request_size: int,
+        header_size: int,
+        overhead_max: int,
+        staged_overhead: int,
+    ) -> None:
+        self._stages = stages
+        self._lock = lock
+        self._future_type = future_type
+        self._records_room = records_room
+        self._max_request_size = max_request_size
+        self._header_size = header_size
+        self._overhead_max = overhead_max
+        self._staged_overhead = staged_overhead
+
+    def __call__(
+        self,
+        topic: object,
+        value: object,
+        key: object,
+        headers: object,
+        partition: object,
+        timestamp_ms: object,
+    ) -> Any:
+        if headers is not None or partition is not None or type(topic) is not str:
+            return None
+        if key is not None and type(key) is not bytes:
+            return None
+        if value is not None and type(value) is not bytes:
+            return None
+        klen = 0 if key is None else len(key)
+        vlen = 0 if value is None else len(value)
+        bound = klen + vlen + 1 + self._overhead_max
+        if bound > self._records_room or bound + self._header_size > self._max_request_size:
+            return None
+        size = klen + vlen + 1 + self._staged_overhead
+        if timestamp_ms is None:
+            ts = _time_ns() // 1_000_000
+        elif type(timestamp_ms) is int and 0 <= timestamp_ms <= _INT64_MAX:
+            ts = timestamp_ms
+        else:
+            return None
+        lock = self._lock
+        lock.acquire()
+        try:
+            stages = self._stages.get(topic)
+            if stages is None or len(stages) != 1:
+                return None
+            stage = stages[0]
+            if not stage.plain or stage.nbytes + size > stage.limit:
+                return None
+            row = stage.n
+            stage.values.append(value)
+            stage.keys.append(key)
+            stage.timestamps.append(ts)
+            stage.n = row + 1
+            stage.nbytes += size
+            return self._future_type(stage, row)
+        finally:
+            lock.release()
+
+
+def _accelerated() -> bool:
+    if os.environ.get("SHMPROD_PURE_PYTHON", "") not in ("", "0"):
+        return False
+    try:
+        import shmprod._speedups  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+ACCELERATED: bool = _accelerated()
+"""True when the C extension is in use."""
+
+if TYPE_CHECKING or ACCELERATED:
+    from shmprod._speedups import FutureCore, StageCore, Stager
+else:
+    StageCore, FutureCore, Stager = _PyStageCore, _PyFutureCore, _PyStager

@@ -1,0 +1,309 @@
+"""send()'s common case in C (shmprod._speedups) against its Python twin
+(shmprod.speedups): the same answer for every input, rows that stay aligned under
+threads, a lock that is always released, and no leaked references."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shmprod import speedups
+from shmprod.speedups import _PyFutureCore, _PyStageCore, _PyStager
+
+if speedups.ACCELERATED:
+    from shmprod import _speedups as C
+else:  # pragma: no cover - only without the extension
+    C = None
+
+ROOM = 1000  # records_room
+MAX_REQUEST = 1100
+HEADER = 61
+OVERHEAD = 31
+STAGED = 12
+
+
+def test_the_extension_is_in_use() -> None:
+    """The install builds it (a C compiler is part of set-up); without it send() is
+    about twice as slow, so a failed build must not pass unnoticed."""
+    if os.environ.get("SHMPROD_PURE_PYTHON", "") not in ("", "0"):
+        pytest.skip("SHMPROD_PURE_PYTHON is set")
+    assert speedups.ACCELERATED
+    assert speedups.Stager is C.Stager
+
+
+class _PyStage(_PyStageCore):
+    __slots__ = ("tag",)
+
+
+class _PyFuture(_PyFutureCore):
+    __slots__ = ()
+
+
+def _kinds() -> list[tuple[Any, Any, Any]]:
+    kinds: list[tuple[Any, Any, Any]] = [(_PyStage, _PyFuture, _PyStager)]
+    if C is not None:
+
+        class CStage(C.StageCore):  # type: ignore[misc,name-defined]
+            __slots__ = ("tag",)
+
+        class CFuture(C.FutureCore):  # type: ignore[misc,name-defined]
+            __slots__ = ()
+
+        kinds.append((CStage, CFuture, C.Stager))
+    return kinds
+
+
+KINDS = _kinds()
+IDS = ["python", "c"][: len(KINDS)]
+
+
+def _make(kind: Any, layout: list[tuple[bool, int, int]]) -> tuple[Any, dict[str, Any]]:
+    """A stager over topic "t" with stages per ``layout`` (plain, limit, nbytes)."""
+    stage_t, fut_t, stager_t = kind
+    stages: dict[str, list[Any]] = {}
+    if layout:
+        lst = []
+        for plain, limit, nbytes in layout:
+            s = stage_t()
+            s.values, s.keys, s.timestamps = [], [], []
+            s.plain, s.limit, s.nbytes = plain, limit, nbytes
+            lst.append(s)
+        stages["t"] = lst
+    lock = threading.Lock()
+    stager = stager_t(stages, lock, fut_t, ROOM, MAX_REQUEST, HEADER, OVERHEAD, STAGED)
+    return stager, {"stages": stages, "lock": lock}
+
+
+def _snapshot(state: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [
+        (list(s.values), list(s.keys), list(s.timestamps), s.n, s.nbytes)
+        for s in state["stages"].get("t", [])
+    ]
+
+
+_blob = st.one_of(
+    st.none(),
+    st.binary(max_size=1200),
+    st.binary(max_size=8).map(bytearray),
+    st.text(max_size=4),
+    st.integers(),
+)
+_call = st.tuples(
+    st.sampled_from(["t", "u", b"t", None]),
+    _blob,
+    _blob,
+    st.sampled_from([None, [], [("h", b"v")]]),
+    st.sampled_from([None, 0, 3, -1]),
+    st.one_of(
+        st.none(),
+        st.integers(min_value=-5, max_value=2**64),
+        st.just(True),
+        st.just(1.5),
+    ),
+)
+_layout = st.lists(st.tuples(st.booleans(), st.integers(0, 3000), st.integers(0, 2000)), max_size=2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(calls=st.lists(_call, max_size=12), layout=_layout)
+def test_c_and_python_agree(calls: list[tuple[Any, ...]], layout: list[Any]) -> None:
+    """Every implementation stages the same rows and answers the same for every call
+    (timestamps of "now" compared as present, their value checked below)."""
+    results = []
+    for kind in KINDS:
+        stager, state = _make(kind, layout)
+        answers = []
+        for topic, value, key, headers, partition, ts in calls:
+            fut = stager(topic, value, key, headers, partition, ts)
+            answers.append(
+                None if fut is None else (fut._row, fut._stage is state["stages"]["t"][0])
+            )
+            assert not state["lock"].locked()
+        snap = _snapshot(state)
+        for values, keys, stamps, n, _ in snap:
+            assert len(values) == len(keys) == len(stamps) == n
+        for _, _, stamps, _, _ in snap:
+            assert all(type(t) is int and 0 <= t < 2**63 for t in stamps)
+        results.append((answers, [(v, k, n, b) for v, k, _, n, b in snap]))
+    assert all(r == results[0] for r in results)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_common_case_stages_one_row(kind: Any) -> None:
+    stager, state = _make(kind, [(True, 10_000, 0)])
+    before = time.time_ns() // 1_000_000
+    fut = stager("t", b"v" * 10, b"k", None, None, None)
+    after = time.time_ns() // 1_000_000
+    stage = state["stages"]["t"][0]
+    assert (fut._stage, fut._row) == (stage, 0)
+    assert type(fut) is kind[1]
+    assert stage.values == [b"v" * 10] and stage.keys == [b"k"]
+    assert before <= stage.timestamps[0] <= after
+    assert (stage.n, stage.nbytes) == (1, 10 + 1 + 1 + STAGED)
+    fut2 = stager("t", None, None, None, None, 2**63 - 1)
+    assert fut2._row == 1 and stage.timestamps[1] == 2**63 - 1
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("t", b"v", b"k", [("h", b"")], None, None),  # headers
+        ("t", b"v", b"k", None, 0, None),  # explicit partition
+        ("u", b"v", b"k", None, None, None),  # no stage yet
+        ("t", bytearray(b"v"), None, None, None, None),  # a mutable buffer: copied
+        ("t", "v", None, None, None, None),  # str: encoded
+        ("t", b"v", None, None, None, -1),  # bad timestamp: a typed error
+        ("t", b"v", None, None, None, 2**63),
+        ("t", b"v", None, None, None, True),
+        ("t", b"x" * ROOM, None, None, None, None),  # too large for a batch
+    ],
+)
+def test_other_cases_stage_nothing(kind: Any, args: tuple[Any, ...]) -> None:
+    stager, state = _make(kind, [(True, 10_000, 0)])
+    assert stager(*args) is None
+    assert _snapshot(state) == [([], [], [], 0, 0)]
+    assert not state["lock"].locked()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_full_or_queued_stages_stage_nothing(kind: Any) -> None:
+    for layout in ([(True, 20, 0)], [(False, 10_000, 0)], [(True, 10_000, 0)] * 2):
+        stager, state = _make(kind, layout)
+        assert stager("t", b"v" * 10, None, None, None, None) is None
+        assert all(s[3] == 0 for s in _snapshot(state))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_a_lock_that_fails_stages_nothing(kind: Any) -> None:
+    class Broken:
+        def acquire(self) -> bool:
+            raise KeyboardInterrupt
+
+        def release(self) -> None:
+            raise AssertionError("not taken, so not released")
+
+    stage_t, fut_t, stager_t = kind
+    s = stage_t()
+    s.values, s.keys, s.timestamps = [], [], []
+    stager = stager_t({"t": [s]}, Broken(), fut_t, ROOM, MAX_REQUEST, HEADER, OVERHEAD, STAGED)
+    with pytest.raises(KeyboardInterrupt):
+        stager("t", b"v", None, None, None, None)
+    assert s.n == 0 and s.values == []
+
+
+@pytest.mark.skipif(C is None, reason="the C extension is not in use")
+def test_c_checks_its_arguments() -> None:
+    stager, _ = _make(KINDS[1], [(True, 10_000, 0)])
+    with pytest.raises(TypeError):
+        stager("t", b"v")
+    with pytest.raises(TypeError):
+        stager("t", b"v", None, None, None, timestamp_ms=None)
+    with pytest.raises(TypeError, match="FutureCore"):
+        C.Stager({}, threading.Lock(), object, ROOM, MAX_REQUEST, HEADER, OVERHEAD, STAGED)
+    with pytest.raises(TypeError):
+        C.Stager([], threading.Lock(), KINDS[1][1], 1, 1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_rows_stay_aligned_under_threads(kind: Any) -> None:
+    """Two threads stage while a third takes the stage away under the lock, as a flush
+    does: every row is in exactly one taken stage, with its key and timestamp."""
+    stage_t, fut_t, stager_t = kind
+    lock = threading.Lock()
+    stages: dict[str, list[Any]] = {}
+    taken: list[Any] = []
+
+    def fresh() -> None:
+        s = stage_t()
+        s.values, s.keys, s.timestamps = [], [], []
+        s.limit = 1 << 40
+        stages["t"] = [s]
+
+    fresh()
+    stager = stager_t(stages, lock, fut_t, ROOM, MAX_REQUEST, HEADER, OVERHEAD, STAGED)
+    per_thread = 20_000
+    staged: list[list[Any]] = [[], []]
+
+    def send(i: int) -> None:
+        for j in range(per_thread):
+            v = b"%d:%d" % (i, j)
+            fut = stager("t", v, v, None, None, j)
+            assert fut is not None
+            staged[i].append((fut._stage, fut._row, v))
+
+    stop = threading.Event()
+
+    def flush() -> None:
+        while not stop.is_set():
+            with lock:
+                taken.append(stages.pop("t"))
+                fresh()
+            time.sleep(0.0005)
+
+    ts = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    f = threading.Thread(target=flush)
+    f.start()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    stop.set()
+    f.join(60)
+    taken.append(stages["t"])
+    total = 0
+    for (s,) in taken:
+        assert len(s.values) == len(s.keys) == len(s.timestamps) == s.n
+        assert s.values == s.keys
+        total += s.n
+    assert total == 2 * per_thread
+    for rows in staged:
+        for stage, row, v in rows:
+            assert stage.values[row] == v
+            assert stage.timestamps[row] == int(v.split(b":")[1])
+
+
+@pytest.mark.skipif(C is None, reason="the C extension is not in use")
+def test_no_reference_is_leaked() -> None:
+    stager, state = _make(KINDS[1], [(True, 1 << 40, 0)])
+    value, key = os.urandom(100), os.urandom(16)
+    before = sys.getrefcount(value), sys.getrefcount(key)
+    stamp = 1_700_000_000_000
+    stamp_refs = sys.getrefcount(stamp)
+    futs = [stager("t", value, key, None, None, stamp) for _ in range(1000)]
+    assert sys.getrefcount(value) == before[0] + 1000
+    del futs
+    for refused in ("u", None):
+        assert stager(refused, value, key, None, None, stamp) is None
+    stage = state["stages"]["t"][0]
+    stage.values, stage.keys, stage.timestamps = [], [], []
+    assert (sys.getrefcount(value), sys.getrefcount(key)) == before
+    assert sys.getrefcount(stamp) == stamp_refs
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_cycles_through_stages_and_futures_are_collected(kind: Any) -> None:
+    """A stage whose rows hold its own futures (as callbacks do) is garbage like any
+    Python cycle."""
+    stager, state = _make(kind, [(True, 1 << 40, 0)])
+    stage = state["stages"]["t"][0]
+
+    class Marker:
+        pass
+
+    fut = stager("t", b"v", None, None, None, None)
+    stage.values.append([fut, Marker()])  # stage -> list -> future -> stage
+    ref = weakref.ref(stage.values[-1][1])
+    del stage, fut
+    state["stages"].clear()
+    gc.collect()
+    assert ref() is None

@@ -3,8 +3,10 @@
 Not a timing test: it counts. Four processes each send 20,000 keyed 100-byte records
 with ``send()`` to 12 partitions (linger 5 ms). Every record is read back by
 confluent-kafka; the producer's batches hold at least 50 records on average, and no
-process waited for the sender to grant buffers while half the pool or more was free,
-but for at most once (a refill racing a flush).
+process waited for the sender to grant buffers while half the pool or more was free.
+(One such wait per process, about one run in five, came from a lease given back as idle
+between attach and the first flush: attach now waits for the first lease, and the stock
+counts as idle from then, 2 s until the first flush.)
 (Before records were staged per process, 2 processes made 10,834 batches for 20,000
 records: each new batch waited for a buffer, so few records came within linger_ms.)
 """
@@ -69,9 +71,8 @@ def test_many_processes_sending_one_record_at_a_time_batch_well(
     per_batch = stats["sender"]["records_sent"] / stats["sender"]["batches_sent"]
     assert per_batch >= 50, (per_batch, reports)
     for _, _, batching in reports:
-        # about 15 flushes each: at most one may still wait for a refill that raced it
-        # (seen in about 1 run in 5); a process waiting on every flush would show ~15
-        assert batching["buffer_waits_pool_half_free"] <= 1, [r[2] for r in reports]
+        # about 15 flushes each; a process waiting on every flush would show ~15
+        assert batching["buffer_waits_pool_half_free"] == 0, [r[2] for r in reports]
         assert batching["records_per_batch"] >= 50, reports
     landed = consume_all(fresh_broker.bootstrap, topic, PARTITIONS, total, timeout_s=60)
     assert sum(len(r) for r in landed.values()) == total

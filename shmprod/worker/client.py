@@ -571,6 +571,7 @@ class Worker(WorkerCore):
             ready = self._ready
         if ready.error:
             raise error_from_code(ready.error, ready.message)
+        self._await_first_lease()
 
     def stats(self) -> dict[str, Any]:
         """This worker's counters, the sender's STATS, pool occupancy and per-partition

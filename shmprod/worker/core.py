@@ -77,8 +77,13 @@ CLOSED: Final = 2
 FORKED: Final = 3
 
 IDLE_RELEASE_NS: Final = 200_000_000  # give spare buffers back after 200 ms without a batch
+# ... and 2 s after attach while it has not flushed yet: a process that attached has
+# things to send, and its first topic lookup can take a while on a loaded machine
+# (measured: a stock given back 200 ms after attach, just before the first flush)
+FIRST_IDLE_RELEASE_NS: Final = 2_000_000_000
 INITIAL_LEASE: Final = 32  # buffers asked for ahead at attach (at most half a fair share)
 LEASE_FLUSHES: Final = 3  # the lease grows to cover this many of the largest flush seen
+LEASE_WAIT_S: Final = 2.0  # attach waits at most this long for its first lease
 FLUSH_WAIT_S: Final = 0.05  # a thread waiting for another's flush looks again this often
 
 # Workers with records staged or batches pending, held here so that one its process
@@ -217,6 +222,22 @@ class WorkerCore:
             self._inflight,
         )
         self._thread.start()
+        self._await_first_lease()
+
+    def _await_first_lease(self) -> None:
+        """The first flush takes its buffers from the first lease: waits for its Grant
+        here (one round trip, at attach or, for the owner, when the sender is ready;
+        bounded), not in that flush. Measured: a process that sent right after attach
+        waited for the sender in its first flush. Runs in: worker, not the I/O thread;
+        takes the state lock."""
+        deadline = time.monotonic() + min(self._max_block_ms / 1000.0, LEASE_WAIT_S)
+        with self._lock:
+            while self._prefetch_rid and self._fatal is None and not self._eof:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break  # the grant goes to the stock when it comes
+                self._cond.wait(remaining)
+            self._last_open_ns = time.monotonic_ns()  # idle from now, not from attach
 
     # ------------------------------------------------------------------------------
     # state checks
@@ -516,6 +537,7 @@ class WorkerCore:
             prefetch = g.request_id == self._prefetch_rid
             if prefetch:
                 self._prefetch_rid = 0
+                self._cond.notify_all()  # attach waits for the first lease
             if g.error:
                 return
             if prefetch:  # the lease asked for it: the stock
@@ -641,6 +663,9 @@ class WorkerCore:
         elif isinstance(m, ipc.Ready):
             self._ready = m
             self._cond.notify_all()
+            if not m.error:  # the pool is set up now: the owner's first lease
+                with contextlib.suppress(ShmprodError):
+                    self._replenish_locked()
         else:
             log.warning("unexpected control message %s", type(m).__name__)
 
@@ -674,7 +699,9 @@ class WorkerCore:
                 if sts[0].deadline_ns < nxt:
                     nxt = sts[0].deadline_ns
             if self._stock and not self._stages and not self._requests and not self._flushing:
-                idle_at = self._last_open_ns + IDLE_RELEASE_NS
+                idle_at = self._last_open_ns + (
+                    IDLE_RELEASE_NS if self._batches_sealed else FIRST_IDLE_RELEASE_NS
+                )
                 if idle_at <= now:
                     self._release_stock_locked()
                 elif idle_at < nxt:

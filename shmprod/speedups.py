@@ -20,12 +20,14 @@ Runs in: worker. ``Stager`` takes the Worker's state lock.
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["ACCELERATED", "FutureCore", "StageCore", "Stager"]
+__all__ = ["ACCELERATED", "FutureCore", "StageCore", "Stager", "append_row"]
 
 _time_ns = time.time_ns
 _INT64_MAX = (1 << 63) - 1
@@ -57,6 +59,9 @@ class _PyFutureCore:
     """Python twin of ``shmprod._speedups.FutureCore``."""
 
     __slots__ = ("_row", "_stage")
+
+    _stage: Any
+    _row: int
 
     def __init__(self, stage: Any, row: int) -> None:
         self._stage = stage
@@ -133,31 +138,42 @@ class _PyStager:
             stage = stages[0]
             if not stage.plain or stage.nbytes + size > stage.limit:
                 return None
-            row = stage.n
-            stage.values.append(value)
-            stage.keys.append(key)
-            stage.timestamps.append(ts)
-            stage.n = row + 1
-            stage.nbytes += size
-            return self._future_type(stage, row)
+            return self._future_type(stage, append_row(stage, key, value, ts, size))
         finally:
             lock.release()
 
 
-def _accelerated() -> bool:
+def append_row(stage: Any, key: Any, value: Any, timestamp_ms: int, size: int) -> int:
+    """Stages one checked row on a StageCore: its key, value and timestamp, the row
+    count and the staged bytes; returns its row. Runs in: worker, state lock held."""
+    row: int = stage.n
+    stage.values.append(value)
+    stage.keys.append(key)
+    stage.timestamps.append(timestamp_ms)
+    stage.n = row + 1
+    stage.nbytes += size
+    return row
+
+
+def _load() -> ModuleType | None:
     if os.environ.get("SHMPROD_PURE_PYTHON", "") not in ("", "0"):
-        return False
+        return None
     try:
-        import shmprod._speedups  # noqa: F401
+        return importlib.import_module("shmprod._speedups")
     except ImportError:
-        return False
-    return True
+        return None
 
 
-ACCELERATED: bool = _accelerated()
+_C = _load()
+ACCELERATED: bool = _C is not None
 """True when the C extension is in use."""
 
-if TYPE_CHECKING or ACCELERATED:
-    from shmprod._speedups import FutureCore, StageCore, Stager
+# The type checker sees the Python twins; at run time the C types replace them.
+if TYPE_CHECKING or _C is None:
+    StageCore = _PyStageCore
+    FutureCore = _PyFutureCore
+    Stager = _PyStager
 else:
-    StageCore, FutureCore, Stager = _PyStageCore, _PyFutureCore, _PyStager
+    StageCore = _C.StageCore
+    FutureCore = _C.FutureCore
+    Stager = _C.Stager

@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from shmprod.futures import BatchOutcome, RecordFuture, _call
 from shmprod.protocol.records import Header
-from shmprod.speedups import StageCore
+from shmprod.speedups import StageCore, append_row
 
 __all__ = ["RECORD_OVERHEAD_MAX", "STAGED_OVERHEAD", "Stage"]
 
@@ -113,13 +113,7 @@ class Stage(StageCore):
     def append(self, key: bytes | None, value: bytes | None, timestamp_ms: int, size: int) -> int:
         """Stages one checked record's key, value and timestamp; returns its row. An
         explicit partition or headers of the row are set before (their row is ``n``)."""
-        row = self.n
-        self.values.append(value)
-        self.keys.append(key)
-        self.timestamps.append(timestamp_ms)
-        self.n = row + 1
-        self.nbytes += size
-        return row
+        return append_row(self, key, value, timestamp_ms, size)
 
     def set_partition(self, row: int, partition: int, nbytes: int, batch_size: int) -> None:
         """Row ``row`` goes to ``partition`` (explicit); counts its bytes against the

@@ -83,7 +83,7 @@ IDLE_RELEASE_NS: Final = 200_000_000  # give spare buffers back after 200 ms wit
 FIRST_IDLE_RELEASE_NS: Final = 2_000_000_000
 INITIAL_LEASE: Final = 32  # buffers asked for ahead at attach (at most half a fair share)
 LEASE_FLUSHES: Final = 3  # the lease grows to cover this many of the largest flush seen
-LEASE_WAIT_S: Final = 2.0  # attach waits at most this long for its first lease
+LEASE_WAIT_S: Final = 0.5  # attach waits at most this long for its first lease
 FLUSH_WAIT_S: Final = 0.05  # a thread waiting for another's flush looks again this often
 
 # Workers with records staged or batches pending, held here so that one its process

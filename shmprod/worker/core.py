@@ -226,10 +226,10 @@ class WorkerCore:
 
     def _await_first_lease(self) -> None:
         """The first flush takes its buffers from the first lease: waits for its Grant
-        here (one round trip, at attach or, for the owner, when the sender is ready;
-        bounded), not in that flush. Measured: a process that sent right after attach
-        waited for the sender in its first flush. Runs in: worker, not the I/O thread;
-        takes the state lock."""
+        here (one round trip at attach, bounded), not in that flush; the stock counts as
+        idle from then (the owner calls it again once the sender is ready). Measured: a
+        process that sent right after attach waited for the sender in its first flush.
+        Runs in: worker, not the I/O thread; takes the state lock."""
         deadline = time.monotonic() + min(self._max_block_ms / 1000.0, LEASE_WAIT_S)
         with self._lock:
             while self._prefetch_rid and self._fatal is None and not self._eof:
@@ -663,9 +663,6 @@ class WorkerCore:
         elif isinstance(m, ipc.Ready):
             self._ready = m
             self._cond.notify_all()
-            if not m.error:  # the pool is set up now: the owner's first lease
-                with contextlib.suppress(ShmprodError):
-                    self._replenish_locked()
         else:
             log.warning("unexpected control message %s", type(m).__name__)
 

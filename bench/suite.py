@@ -13,8 +13,9 @@ sends its share of the cell's records to a 12-partition topic on a FRESH embedde
   pyarrow and sent whole, as the exporter does): the workers attach to ONE producer;
 - ``confluent-kafka produce`` (per record) and ``confluent-kafka produce_batch``,
   ``aiokafka send_batch`` and ``kafka-python send``: one producer per worker process;
-- ``ceiling``: pre-encoded ProduceRequests (12 partitions x 128 KiB batches) replayed
-  over one raw socket, 5 in flight: what the broker takes at most.
+- ``ceiling``: pre-encoded ProduceRequests (12 partitions x 512 KiB batches, shmprod's
+  default ``batch_size``) replayed over one raw socket, 5 in flight: what the broker
+  takes at most.
 
 Per run: records/s and MB/s (from the first worker's start to the last acknowledgement),
 CPU seconds per GB of keys and values (workers and sender, every thread), peak memory
@@ -54,6 +55,7 @@ import _peers
 
 from shmprod import Producer
 from shmprod.broker import EmbeddedBroker
+from shmprod.config import ProducerConfig
 
 TOPIC = "bench"
 PARTITIONS = 12
@@ -252,7 +254,7 @@ def _cpu(pid: int | None) -> float:
 # the ceiling: pre-encoded requests over one raw socket
 # ---------------------------------------------------------------------------------
 
-BATCH_BYTES = 128 << 10  # shmprod's default batch_size
+BATCH_BYTES = ProducerConfig().batch_size  # shmprod's default batch_size
 IN_FLIGHT = 5
 PRODUCE_VERSION = 9
 

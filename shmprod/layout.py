@@ -213,6 +213,12 @@ def _align(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
+BUFFER_UNIT_MAX: Final = 128 * 1024
+"""The largest pool buffer. Batches larger than this (``batch_size``) take runs of
+adjacent buffers; the unit stays small because most batches are closed by linger, far
+below ``batch_size``, and each pins whole buffers until acknowledged."""
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Sizes of every region, and the absolute offset of every slot, for one segment."""
@@ -225,8 +231,11 @@ class Geometry:
 
     @classmethod
     def for_pool(cls, buffer_memory: int, batch_size: int) -> Geometry:
-        """The geometry that splits ``buffer_memory`` into buffers of ``batch_size``."""
-        size = _align(batch_size, CACHE_LINE)
+        """The geometry that splits ``buffer_memory`` into buffers of ``batch_size``, or
+        of :data:`BUFFER_UNIT_MAX` when batches are larger: a larger batch takes a run of
+        adjacent buffers sized to what it holds, so a batch that linger closed small
+        does not pin a whole ``batch_size`` of the pool."""
+        size = _align(min(batch_size, BUFFER_UNIT_MAX), CACHE_LINE)
         return cls(n_buffers=max(2, buffer_memory // size), buffer_size=size)
 
     @property

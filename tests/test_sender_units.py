@@ -127,6 +127,27 @@ def test_pool_seal_and_release_check_ownership() -> None:
         pool.free(0, 2)
 
 
+def test_pool_gives_singles_as_a_block_and_takes_them_back_as_one_run() -> None:
+    s = shared()
+    pool = BufferPool(s)
+    one = pool.alloc(1, 0, 1, run=1, count=1, now_ns=0)
+    gap = pool.alloc(2, 1, 2, run=1, count=1, now_ns=0)
+    assert one is not None and gap is not None and (one.buffers, gap.buffers) == ((0,), (1,))
+    assert pool.seal(1, 0, 1) and pool.free(0, 1) == []  # buffer 0 free, 1 still granted
+    block = pool.alloc(1, 0, 3, run=1, count=3, now_ns=0)
+    assert block is not None and block.buffers == (2, 3, 4)  # adjacent, not 0, 2, 3
+    assert not pool.seal(2, 2, 3)  # not its buffers
+    assert not pool.seal(1, 1, 2)  # buffer 1 is another worker's
+    assert not pool.seal(1, 3, 3)  # buffer 5 is not granted
+    assert pool.seal(1, 2, 3)  # three adjacent singles sealed as one run
+    assert pool.granted(1) == {}
+    assert pool.free(2, 3) == [] and pool.n_free == 7
+    again = pool.alloc(1, 0, 4, run=1, count=2, now_ns=0)
+    assert again is not None
+    served = pool.release(1, again.buffers[0], 2)  # released as one run too
+    assert served == [] and pool.n_free == 7 and pool.granted(1) == {}
+
+
 def test_pool_reclaims_a_dead_workers_grants_and_waiters() -> None:
     s = shared()
     pool = BufferPool(s)

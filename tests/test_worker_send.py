@@ -123,8 +123,7 @@ def test_large_record_takes_a_run_and_keeps_order(fake: FakeSender, w: Worker) -
     assert [r.value for r in fake.records("events")[0]] == [b"before", big, b"after"]
     assert [f.result(0).offset for f in (f1, f2, f3)] == [0, 1, 2]
     runs = [b.run for b in fake.landed]
-    assert 3 in runs
-    assert any(a.run == 3 for a in fake.allocs)
+    assert 3 in runs  # adjacent buffers of the stock joined, or a run asked for
 
 
 def test_too_large_records_fail_at_the_call_with_nothing_written() -> None:

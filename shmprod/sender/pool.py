@@ -8,7 +8,8 @@ Allocation policy (documented contract):
 
 - First fit: the lowest-numbered free run that fits. The free map is a ``bytearray``
   (1 = free) so ``find`` scans it in C; single buffers come from the low end, which keeps
-  the high end contiguous for large runs.
+  the high end contiguous for large runs, and several of them as one adjacent block
+  where the pool has one (a worker may seal adjacent single buffers as one run).
 - Waiting requests form ONE strict FIFO. A request is served only when every request
   before it has been served. A large run at the head therefore holds back single-buffer
   requests behind it until enough adjacent buffers free up: runs are never starved by a
@@ -113,10 +114,18 @@ class BufferPool:
         return None
 
     def _take(self, run: int, count: int) -> list[int] | None:
-        """First-fit ``count`` runs of ``run``; marks them used, or takes nothing."""
+        """First-fit ``count`` runs of ``run``; marks them used, or takes nothing. Several
+        single buffers come as one adjacent block when the pool has one, so a worker can
+        put a large batch in adjacent buffers of its stock (see :meth:`seal`)."""
         if self._n_free < run * count:
             return None
         free = self._free
+        if run == 1 and count > 1:
+            block = free.find(bytes([FREE]) * count)
+            if block >= 0:
+                free[block : block + count] = bytes(count)
+                self._n_free -= count
+                return list(range(block, block + count))
         pattern = bytes([FREE]) * run
         firsts: list[int] = []
         pos = 0
@@ -161,12 +170,20 @@ class BufferPool:
     def seal(self, owner: int, first: int, run: int) -> bool:
         """A worker hands ``first`` (a run of ``run`` it was granted) to the sender.
 
-        Returns False, changing nothing, if that exact run is not granted to ``owner``.
+        The run was granted as one, or is ``run`` adjacent single buffers granted to
+        ``owner`` (a worker joins buffers of its stock for a large batch). Returns False,
+        changing nothing, if it is neither.
         """
         grants = self._grants.get(owner)
-        if grants is None or grants.get(first) != run:
+        if grants is None:
             return False
-        del grants[first]
+        if grants.get(first) == run:
+            del grants[first]
+            return True
+        if run < 2 or any(grants.get(b) != 1 for b in range(first, first + run)):
+            return False
+        for b in range(first, first + run):
+            del grants[b]
         return True
 
     def release(self, owner: int, first: int, run: int) -> list[AllocResult] | None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -350,29 +351,41 @@ class _Writer:
         self.created_ns = created_ns  # when its records were first sent (KIP-91)
         self.used = 0  # buffers written
         self.estimate = estimate  # batches still expected (for Alloc windows)
-        self.buffers: list[int] = []  # single buffers in hand
+        self.buffers: dict[int, list[int]] = {}  # run length -> runs in hand (first buffers)
         self.pending: list[tuple[int, int, int, int, int, BatchOutcome, int]] = []
         self.outcomes: list[BatchOutcome] = []
         self.counts: list[int] = []
         self.deadline = time.monotonic_ns() + w._max_block_ns
 
-    def reserve(self, count: int) -> None:
-        """Takes ``count`` single buffers now (BufferExhaustedError after max_block_ms,
-        nothing taken). Runs in: worker, state lock NOT held."""
-        with self.w._lock:
-            self.buffers = self.w._obtain_locked(1, count, self.deadline)
+    def reserve(self, runs: Counter[int]) -> None:
+        """Takes ``runs`` (run length -> how many) now, all or nothing
+        (BufferExhaustedError after max_block_ms, nothing taken). Runs in: worker, state
+        lock NOT held."""
+        w = self.w
+        got: dict[int, list[int]] = {}
+        with w._lock:
+            try:
+                for run, count in sorted(runs.items()):
+                    got[run] = w._obtain_locked(run, count, self.deadline)
+            except BaseException:
+                for run, firsts in got.items():
+                    w._give_back_locked(firsts, run)
+                raise
+        self.buffers = got
 
     def buffer(self, run: int) -> int:
+        """A granted run of ``run`` buffers: one in hand, else a window of them asked for
+        at once (the batches still expected, bounded), after handing over what is written
+        so the sender can free buffers meanwhile. Runs in: worker, state lock NOT held."""
         w = self.w
-        if run == 1 and self.buffers:
-            return self.buffers.pop()
+        held = self.buffers.get(run)
+        if held:
+            return held.pop()
         self.hand_over()
         with w._lock:
-            if run > 1:
-                return w._obtain_locked(run, 1, self.deadline)[0]
-            window = max(1, min(self.estimate, _MAX_WINDOW, w._geo.n_buffers // 8))
-            self.buffers = w._obtain_locked(1, window, self.deadline)
-        return self.buffers.pop()
+            window = max(1, min(self.estimate, _MAX_WINDOW // run, w._geo.n_buffers // (8 * run)))
+            held = self.buffers[run] = w._obtain_locked(run, window, self.deadline)
+        return held.pop()
 
     def write(self, batch: V.EncodedBatch, partition: int) -> None:
         """Writes one whole batch into a granted buffer (compressed here when a codec is
@@ -435,9 +448,13 @@ class _Writer:
             w._send_locked(b"".join(msgs))
 
     def give_back(self) -> None:
-        if self.buffers:
+        """Returns the runs in hand that no batch took. Runs in: worker, lock NOT held."""
+        held = {run: firsts for run, firsts in self.buffers.items() if firsts}
+        self.buffers = {}
+        if held:
             with self.w._lock:
-                self.w._give_back_locked(self.buffers, 1)
+                for run, firsts in held.items():
+                    self.w._give_back_locked(firsts, run)
             self.buffers = []
 
 
@@ -535,10 +552,11 @@ def _write(
         # max_block_ms), so a full pool hands nothing over: send() keeps its records
         # staged and refuses the new one, send_batch raises at the call
         todo = list(todo)
-        if len(todo) <= small and all(
-            HEADER_SIZE + len(b.records) <= geo.buffer_size for _, b in todo
-        ):
-            writer.reserve(len(todo))
+        sizes = [HEADER_SIZE + len(b.records) for _, b in todo]
+        if len(todo) <= small and max(sizes, default=0) <= max(geo.buffer_size, w._batch_size):
+            runs = Counter(geo.buffers_for(size) for size in sizes)
+            if sum(run * count for run, count in runs.items()) <= small:
+                writer.reserve(runs)
     try:
         for p, batch in todo:
             writer.write(batch, p)

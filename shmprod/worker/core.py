@@ -419,6 +419,10 @@ class WorkerCore:
             del self._stock[-take:]
             if take == count:
                 return got
+        elif run > 1 and len(self._stock) >= run:
+            got = self._stock_runs_locked(run, count)
+            if len(got) == count:
+                return got
         need = count - len(got)
         rid = next(self._request_ids)
         req = _Request(run, need)
@@ -468,6 +472,23 @@ class WorkerCore:
         if len(got) > count:
             self._give_back_locked(got[count:], run)
         return got[:count]
+
+    def _stock_runs_locked(self, run: int, count: int) -> list[int]:
+        """Up to ``count`` runs of ``run`` adjacent buffers taken from the stock (first
+        buffer of each). They were granted one by one; the sender takes them sealed or
+        released as one run. Runs in: worker, state lock held."""
+        stock = sorted(self._stock)
+        firsts: list[int] = []
+        i = 0
+        while i + run <= len(stock) and len(firsts) < count:
+            if stock[i + run - 1] - stock[i] == run - 1:  # sorted, distinct: adjacent
+                firsts.append(stock[i])
+                del stock[i : i + run]
+            else:
+                i += 1
+        if firsts:
+            self._stock = stock
+        return firsts
 
     def _give_back_locked(self, buffers: list[int], run: int) -> None:
         """Unused granted buffers: single ones to the stock, runs back to the sender."""

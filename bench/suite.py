@@ -254,7 +254,7 @@ def _cpu(pid: int | None) -> float:
 # the ceiling: pre-encoded requests over one raw socket
 # ---------------------------------------------------------------------------------
 
-BATCH_BYTES = ProducerConfig().batch_size  # shmprod's default batch_size
+BATCH_BYTES: int = ProducerConfig.__dataclass_fields__["batch_size"].default  # the default
 IN_FLIGHT = 5
 PRODUCE_VERSION = 9
 

@@ -455,7 +455,6 @@ class _Writer:
             with self.w._lock:
                 for run, firsts in held.items():
                     self.w._give_back_locked(firsts, run)
-            self.buffers = []
 
 
 def send_batch(

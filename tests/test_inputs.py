@@ -134,9 +134,12 @@ def test_accepted_scalars(value: Any, expected: bytes | None) -> None:
         memoryview(array.array("i", [1])),
         np.array([-1, 2], np.int8),  # one byte per item, but numbers: never their bytes
         np.uint8(5),  # a single number, though its buffer is one unsigned byte
+        np.datetime64("2020-01-01T00:00:00.000"),  # exports 8 machine bytes of format B
+        np.timedelta64(5, "ms"),
+        np.array(7, np.uint8),  # a 0-d array
         object(),
     ],
-    ids=lambda v: type(v).__name__,
+    ids=lambda v: f"{type(v).__name__}-{getattr(v, 'dtype', '')}",
 )
 def test_refused_scalars(value: Any) -> None:
     with pytest.raises(EncodeError, match="bytes, str or None"):

@@ -46,6 +46,13 @@ def as_bytes(obj: object, what: str) -> Blob | None:
             return obj.encode("utf-8")
         except UnicodeEncodeError as exc:  # lone surrogates
             raise EncodeError(f"{what} is a str that is not valid UTF-8: {exc}") from None
+    if getattr(obj, "ndim", None) == 0 and hasattr(obj, "dtype"):
+        # a numpy scalar; datetime64 and timedelta64 ones export their 8 machine bytes
+        # as a buffer of format "B", so the format check below would let them through
+        raise EncodeError(
+            f"{what} must be bytes, str or None, got {describe(obj)} (a single value, not "
+            f"a byte string): {_fix(what)}"
+        )
     try:
         mv = obj if isinstance(obj, memoryview) else memoryview(obj)  # type: ignore[arg-type]
     except TypeError:

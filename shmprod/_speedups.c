@@ -25,6 +25,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <string.h>
 #include <time.h>
 
 /* ------------------------------------------------------------------------------------ */
@@ -445,12 +446,376 @@ static PyTypeObject StagerType = {
 };
 
 /* ------------------------------------------------------------------------------------ */
+/* Staged rows encoded as records                                                       */
+/* ------------------------------------------------------------------------------------ */
+/*
+ * A flush of a stage without headers writes each record straight from the staged bytes
+ * objects into its granted pool buffer: one copy of every key and value, no Arrow column,
+ * no take, no intermediate records section. The rows of a batch are the stage's rows
+ * order[lo:hi] (order: the rows sorted by partition, int64; None is the identity).
+ *
+ * A record (Kafka RecordBatch v2): length attributes timestampDelta offsetDelta
+ * keyLength key valueLength value headerCount, every integer a zig-zag varint, a null
+ * key or value a length of -1, headerCount 0.
+ */
+
+static inline int
+zz_size(unsigned long long u)
+{
+    int n = 1;
+    while (u >= 0x80) {
+        u >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline unsigned long long
+zigzag(long long v)
+{
+    return ((unsigned long long)v << 1) ^ (unsigned long long)(v >> 63);
+}
+
+static inline char *
+put_varint(char *p, unsigned long long u)
+{
+    while (u >= 0x80) {
+        *p++ = (char)((u & 0x7F) | 0x80);
+        u >>= 7;
+    }
+    *p++ = (char)u;
+    return p;
+}
+
+typedef struct {
+    PyObject **values; /* the lists' item arrays (borrowed; the lists outlive the call) */
+    PyObject **keys;
+    PyObject **stamps;
+    Py_ssize_t n;
+    const long long *order; /* NULL: the identity */
+    Py_buffer order_view;
+    int has_order;
+} Rows;
+
+static void
+rows_release(Rows *r)
+{
+    if (r->has_order) {
+        PyBuffer_Release(&r->order_view);
+        r->has_order = 0;
+    }
+}
+
+/* Checks the three staged lists (same length) and the order (int64, that length). */
+static int
+rows_get(Rows *r, PyObject *values, PyObject *keys, PyObject *stamps, PyObject *order)
+{
+    r->has_order = 0;
+    r->order = NULL;
+    if (!PyList_Check(values) || !PyList_Check(keys) || !PyList_Check(stamps)) {
+        PyErr_SetString(PyExc_TypeError, "values, keys and timestamps must be lists");
+        return -1;
+    }
+    r->n = PyList_GET_SIZE(values);
+    if (PyList_GET_SIZE(keys) != r->n || PyList_GET_SIZE(stamps) != r->n) {
+        PyErr_SetString(PyExc_ValueError, "values, keys and timestamps differ in length");
+        return -1;
+    }
+    r->values = ((PyListObject *)values)->ob_item;
+    r->keys = ((PyListObject *)keys)->ob_item;
+    r->stamps = ((PyListObject *)stamps)->ob_item;
+    if (order != Py_None) {
+        if (PyObject_GetBuffer(order, &r->order_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            return -1;
+        }
+        r->has_order = 1;
+        const char *f = r->order_view.format;
+        if (r->order_view.itemsize != 8 || f == NULL || (strcmp(f, "q") && strcmp(f, "l") &&
+                                                         strcmp(f, "<q") && strcmp(f, "<l") &&
+                                                         strcmp(f, "=q") && strcmp(f, "=l"))) {
+            PyErr_SetString(PyExc_TypeError, "order must be an int64 array");
+            rows_release(r);
+            return -1;
+        }
+        if (r->order_view.len / 8 != r->n) {
+            PyErr_SetString(PyExc_ValueError, "order must have one entry per row");
+            rows_release(r);
+            return -1;
+        }
+        r->order = (const long long *)r->order_view.buf;
+    }
+    return 0;
+}
+
+/* The row at sorted position i, checked. */
+static inline int
+row_at(const Rows *r, Py_ssize_t i, Py_ssize_t *row)
+{
+    long long x = r->order ? r->order[i] : (long long)i;
+    if (x < 0 || x >= r->n) {
+        PyErr_SetString(PyExc_IndexError, "order holds a row out of range");
+        return -1;
+    }
+    *row = (Py_ssize_t)x;
+    return 0;
+}
+
+/* Length of a staged key or value: -1 for None. */
+static inline int
+item_len(PyObject *o, Py_ssize_t *len)
+{
+    if (o == Py_None) {
+        *len = -1;
+        return 0;
+    }
+    if (!PyBytes_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "staged keys and values must be bytes or None, got %.100s",
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    *len = PyBytes_GET_SIZE(o);
+    return 0;
+}
+
+static inline int
+stamp(PyObject *o, long long *ts)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "staged timestamps must be ints");
+        return -1;
+    }
+    *ts = PyLong_AsLongLong(o);
+    if (*ts == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*ts < 0) {
+        PyErr_SetString(PyExc_ValueError, "staged timestamps must be >= 0");
+        return -1;
+    }
+    return 0;
+}
+
+/* One record's encoded size (length varint included); -1 and an exception if too big. */
+static inline long long
+record_size(Py_ssize_t klen, Py_ssize_t vlen, long long ts_delta, long long offset_delta)
+{
+    long long body = 1 + zz_size(zigzag(ts_delta)) + zz_size(zigzag(offset_delta)) +
+                     zz_size(zigzag(klen)) + (klen > 0 ? klen : 0) + zz_size(zigzag(vlen)) +
+                     (vlen > 0 ? vlen : 0) + 1;
+    if (body > 0x7FFFFFFFLL) {
+        PyErr_SetString(PyExc_OverflowError, "a record is larger than 2**31 - 1 bytes");
+        return -1;
+    }
+    return zz_size(zigzag(body)) + body;
+}
+
+/* staged_lengths(values, keys, out): out[i] = key + value bytes of row i (None counts 0).
+ * out: a writable int64 buffer of one entry per row. Runs in: worker. */
+static PyObject *
+staged_lengths(PyObject *mod, PyObject *args)
+{
+    PyObject *values, *keys;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "O!O!w*:staged_lengths", &PyList_Type, &values, &PyList_Type,
+                          &keys, &out)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (PyList_GET_SIZE(keys) != n || out.len != n * 8) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "values, keys and out differ in length");
+        return NULL;
+    }
+    long long *dst = (long long *)out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t k, v;
+        if (item_len(PyList_GET_ITEM(keys, i), &k) < 0 ||
+            item_len(PyList_GET_ITEM(values, i), &v) < 0) {
+            PyBuffer_Release(&out);
+            return NULL;
+        }
+        dst[i] = (k > 0 ? k : 0) + (v > 0 ? v : 0);
+    }
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+/* plan_batches(values, keys, timestamps, order, ends, budget): cuts the sorted rows into
+ * batches. ends: the sorted positions where a partition's rows end (rising, the last one
+ * the row count); no batch crosses one. A batch's records take at most budget bytes; a
+ * record too big for an empty batch goes alone. Returns a list of (lo, hi, records
+ * bytes, base timestamp, max timestamp). Runs in: worker. */
+static PyObject *
+plan_batches(PyObject *mod, PyObject *args)
+{
+    PyObject *values, *keys, *stamps, *order, *ends;
+    long long budget;
+    if (!PyArg_ParseTuple(args, "OOOOO!L:plan_batches", &values, &keys, &stamps, &order,
+                          &PyList_Type, &ends, &budget)) {
+        return NULL;
+    }
+    Rows r;
+    if (rows_get(&r, values, keys, stamps, order) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        rows_release(&r);
+        return NULL;
+    }
+    Py_ssize_t nends = PyList_GET_SIZE(ends);
+    Py_ssize_t lo = 0, prev_end = 0;
+    for (Py_ssize_t g = 0; g < nends; g++) {
+        Py_ssize_t end = PyLong_AsSsize_t(PyList_GET_ITEM(ends, g));
+        if (end == -1 && PyErr_Occurred()) {
+            goto fail;
+        }
+        if (end <= prev_end || end > r.n || (g == nends - 1 && end != r.n)) {
+            PyErr_SetString(PyExc_ValueError, "ends must rise strictly to the row count");
+            goto fail;
+        }
+        prev_end = end;
+        while (lo < end) {
+            Py_ssize_t i = lo, row;
+            long long size = 0, base = 0, top = 0;
+            for (; i < end; i++) {
+                Py_ssize_t k, v;
+                long long ts;
+                if (row_at(&r, i, &row) < 0 || item_len(r.keys[row], &k) < 0 ||
+                    item_len(r.values[row], &v) < 0 || stamp(r.stamps[row], &ts) < 0) {
+                    goto fail;
+                }
+                if (i == lo) {
+                    base = top = ts;
+                }
+                long long one = record_size(k, v, ts - base, (long long)(i - lo));
+                if (one < 0) {
+                    goto fail;
+                }
+                if (i > lo && size + one > budget) {
+                    break;
+                }
+                size += one;
+                if (ts > top) {
+                    top = ts;
+                }
+            }
+            PyObject *item = Py_BuildValue("(nnLLL)", lo, i, size, base, top);
+            if (item == NULL || PyList_Append(out, item) < 0) {
+                Py_XDECREF(item);
+                goto fail;
+            }
+            Py_DECREF(item);
+            lo = i;
+        }
+    }
+    if (prev_end != r.n) {
+        PyErr_SetString(PyExc_ValueError, "ends must rise strictly to the row count");
+        goto fail;
+    }
+    rows_release(&r);
+    return out;
+fail:
+    rows_release(&r);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset): writes
+ * the records of sorted rows [lo, hi) at out[offset:], offsetDelta from 0 and
+ * timestampDelta from base_ts; returns the end offset. ValueError when they do not fit
+ * (nothing is promised of out then). Runs in: worker; out is a buffer this worker owns. */
+static PyObject *
+encode_records(PyObject *mod, PyObject *args)
+{
+    PyObject *values, *keys, *stamps, *order;
+    Py_ssize_t lo, hi, offset;
+    long long base;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "OOOOnnLw*n:encode_records", &values, &keys, &stamps, &order,
+                          &lo, &hi, &base, &out, &offset)) {
+        return NULL;
+    }
+    Rows r;
+    if (rows_get(&r, values, keys, stamps, order) < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    if (lo < 0 || hi < lo || hi > r.n || offset < 0 || offset > out.len) {
+        PyErr_SetString(PyExc_ValueError, "rows or offset out of range");
+        goto fail;
+    }
+    char *p = (char *)out.buf + offset;
+    const char *stop = (const char *)out.buf + out.len;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        Py_ssize_t row, k, v;
+        long long ts;
+        PyObject *key, *value;
+        if (row_at(&r, i, &row) < 0) {
+            goto fail;
+        }
+        key = r.keys[row];
+        value = r.values[row];
+        if (item_len(key, &k) < 0 || item_len(value, &v) < 0 || stamp(r.stamps[row], &ts) < 0) {
+            goto fail;
+        }
+        long long od = (long long)(i - lo);
+        long long one = record_size(k, v, ts - base, od);
+        if (one < 0) {
+            goto fail;
+        }
+        if (one > stop - p) {
+            PyErr_SetString(PyExc_ValueError, "the records do not fit in the buffer");
+            goto fail;
+        }
+        long long body = 1 + zz_size(zigzag(ts - base)) + zz_size(zigzag(od)) +
+                         zz_size(zigzag(k)) + (k > 0 ? k : 0) + zz_size(zigzag(v)) +
+                         (v > 0 ? v : 0) + 1;
+        p = put_varint(p, zigzag(body));
+        *p++ = 0; /* attributes */
+        p = put_varint(p, zigzag(ts - base));
+        p = put_varint(p, zigzag(od));
+        p = put_varint(p, zigzag(k));
+        if (k > 0) {
+            memcpy(p, PyBytes_AS_STRING(key), (size_t)k);
+            p += k;
+        }
+        p = put_varint(p, zigzag(v));
+        if (v > 0) {
+            memcpy(p, PyBytes_AS_STRING(value), (size_t)v);
+            p += v;
+        }
+        *p++ = 0; /* no headers */
+    }
+    Py_ssize_t end = p - (char *)out.buf;
+    rows_release(&r);
+    PyBuffer_Release(&out);
+    return PyLong_FromSsize_t(end);
+fail:
+    rows_release(&r);
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
+static PyMethodDef speedups_methods[] = {
+    {"staged_lengths", staged_lengths, METH_VARARGS,
+     "staged_lengths(values, keys, out): key + value bytes per staged row into out."},
+    {"plan_batches", plan_batches, METH_VARARGS,
+     "plan_batches(values, keys, timestamps, order, ends, budget) -> [(lo, hi, bytes, "
+     "base_ts, max_ts)]."},
+    {"encode_records", encode_records, METH_VARARGS,
+     "encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset) -> end."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ------------------------------------------------------------------------------------ */
 
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "shmprod._speedups",
     .m_doc = "The per-record send() path in C (see shmprod.speedups).",
     .m_size = -1,
+    .m_methods = speedups_methods,
 };
 
 PyMODINIT_FUNC

@@ -14,6 +14,11 @@ do the same in Python. The tests run both and compare them.
   headers, no explicit partition, the topic's one stage has room): stages the row under
   the Worker's state lock and returns its future; None when nothing was staged and the
   Python path must handle the record.
+* :func:`plan_batches`, :func:`encode_records`, :func:`staged_lengths`: a flush of a stage
+  without headers cuts its rows into batches and writes each record straight from the
+  staged ``bytes`` into its pool buffer (one copy of each key and value). They exist in
+  C only (None without the extension): without them a flush takes the vectorised Arrow
+  path (:mod:`shmprod.protocol.vectorized`), which encodes the same bytes.
 
 Runs in: worker. ``Stager`` takes the Worker's state lock.
 """
@@ -24,10 +29,20 @@ import importlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["ACCELERATED", "FutureCore", "StageCore", "Stager", "append_row"]
+__all__ = [
+    "ACCELERATED",
+    "FutureCore",
+    "StageCore",
+    "Stager",
+    "append_row",
+    "encode_records",
+    "plan_batches",
+    "staged_lengths",
+]
 
 _time_ns = time.time_ns
 _INT64_MAX = (1 << 63) - 1
@@ -177,3 +192,13 @@ else:
     StageCore = _C.StageCore
     FutureCore = _C.FutureCore
     Stager = _C.Stager
+
+# The staged-rows encoder (C only; see the module docstring).
+#: plan_batches(values, keys, timestamps, order, ends, budget) -> [(lo, hi, bytes, base, max)]
+plan_batches: Callable[..., list[tuple[int, int, int, int, int]]] | None = (
+    None if _C is None else _C.plan_batches
+)
+#: encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset) -> end
+encode_records: Callable[..., int] | None = None if _C is None else _C.encode_records
+#: staged_lengths(values, keys, out): key + value bytes of each row into an int64 buffer
+staged_lengths: Callable[..., None] | None = None if _C is None else _C.staged_lengths

@@ -102,12 +102,17 @@ def w(
     fake: FakeSender, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Worker]:
     """A worker attached to the fake sender; closed after the test. Once with send()'s
-    common case in C (the extension), once with its Python twin (shmprod.speedups)."""
+    common case and the staged-rows encoder in C (the extension), once as without it:
+    the Python twin of send() (shmprod.speedups) and flushes through the vectorised
+    Arrow encoder."""
     if request.param == "c":
         if not speedups.ACCELERATED:
             pytest.skip("the C extension is not in use")
     else:
         monkeypatch.setattr(worker_core, "Stager", speedups._PyStager)
+        monkeypatch.setattr(speedups, "plan_batches", None)
+        monkeypatch.setattr(speedups, "encode_records", None)
+        monkeypatch.setattr(speedups, "staged_lengths", None)
     worker = attach(fake.handle)
     try:
         yield worker

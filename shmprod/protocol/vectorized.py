@@ -772,6 +772,11 @@ class EncodedBatch:
     base_timestamp_ms: int
     max_timestamp_ms: int
 
+    @property
+    def section_size(self) -> int:
+        """The records section's bytes, uncompressed."""
+        return len(self.records)
+
     def max_size(self, compression: int = NONE) -> int:
         """Bytes to reserve for :meth:`write_into` (exact when uncompressed)."""
         return HEADER_SIZE + _codecs.compress_bound(compression, len(self.records))

@@ -16,7 +16,8 @@
 4. **Flush first** the records this process staged with ``send`` for the topic, under
    the process's flush turn, so that the records of a process reach each partition in
    the order it sent them. Staged records are flushed through steps 2-6 too
-   (:func:`flush_stage`).
+   (:func:`flush_stage`), their batches written by the C extension straight from the
+   staged ``bytes`` when no row has headers (:func:`_write_direct`).
 5. **Encode and write**: per partition, :func:`vectorized.iter_encoded_batches` cuts
    full batches of at most ``batch_size`` bytes; each is written with
    :meth:`EncodedBatch.write_into` straight into a granted buffer (compressed by this
@@ -74,6 +75,7 @@ from shmprod.protocol.columns import binary_lengths, index_array
 from shmprod.protocol.records import HEADER_SIZE, Header
 from shmprod.worker import append as A
 from shmprod.worker.inputs import check_timestamp, encoded_headers
+from shmprod.worker.staging import StagedBatch, direct_batches
 from shmprod.worker.topics import TopicEntry, validate_topic
 
 if TYPE_CHECKING:
@@ -179,6 +181,17 @@ def prepare_columns(
     return Columns(n, vals, karr, ts, hdrs, per_row, hbytes, row_bytes)
 
 
+@dataclass(slots=True)
+class KeyRows:
+    """What the partitioner needs of rows: their count, keys and sizes (a
+    :class:`Columns` has the same fields)."""
+
+    n: int
+    keys: pa.Array | None
+    row_bytes: I64  # value + key bytes per row (nulls count 0)
+    header_bytes: int
+
+
 def _partitions(w: Worker, cols: Columns, entry: TopicEntry, partitions: Any, budget: int) -> I32:
     """Every row's partition (input order). ``partitions``: None, one int, or one per
     row (an Arrow integer array may hold nulls: those rows are partitioned as if none
@@ -232,7 +245,11 @@ def _partitions(w: Worker, cols: Columns, entry: TopicEntry, partitions: Any, bu
 
 
 def _default_partitions(
-    w: Worker, cols: Columns, entry: TopicEntry, budget: int, rows: npt.NDArray[np.intp] | None
+    w: Worker,
+    cols: Columns | KeyRows,
+    entry: TopicEntry,
+    budget: int,
+    rows: npt.NDArray[np.intp] | None,
 ) -> I32:
     """The partitioner's choice for ``rows`` (None: every row). Runs in: worker, state
     lock held."""
@@ -275,25 +292,33 @@ class _Group:
     ranges: list[tuple[int, int, int]]
 
 
-def _group(cols: Columns, parts: I32) -> _Group:
-    """One stable argsort by partition and one take per column, unless every partition's
+def _order(parts: I32) -> tuple[npt.NDArray[np.intp] | None, list[tuple[int, int, int]]]:
+    """Rows sorted by partition, input order kept inside each: (order, ranges of
+    (partition, lo, hi) over the sorted rows). ``order`` is None when every partition's
     rows are one run already (null keys: runs of about a batch each). Runs in: worker."""
-    n = cols.n
+    n = len(parts)
     changes = np.diff(parts) != 0
     if int(np.count_nonzero(changes)) < 4096:  # few runs (keyed rows have about n)
         starts = [0, *(np.flatnonzero(changes) + 1).tolist()]
         run_parts = parts[starts].tolist()
-        if len(set(run_parts)) == len(run_parts):  # grouped already: no copy
+        if len(set(run_parts)) == len(run_parts):  # grouped already
             bounds = [*starts, n]
-            ranges = [(p, bounds[i], bounds[i + 1]) for i, p in enumerate(run_parts)]
-            return _Group(None, cols.values, cols.keys, cols.timestamps, cols.headers, ranges)
+            return None, [(p, bounds[i], bounds[i + 1]) for i, p in enumerate(run_parts)]
     # numpy's stable sort is a radix sort for 16-bit keys: linear, several times faster
     keys16 = parts.astype(np.uint16) if int(parts.max()) <= 0xFFFF else parts
     order = np.argsort(keys16, kind="stable")
     sp = parts[order]
     cuts = (np.flatnonzero(np.diff(sp)) + 1).tolist()
     bounds = [0, *cuts, n]
-    ranges = [(int(sp[lo]), lo, hi) for lo, hi in itertools.pairwise(bounds)]
+    return order, [(int(sp[lo]), lo, hi) for lo, hi in itertools.pairwise(bounds)]
+
+
+def _group(cols: Columns, parts: I32) -> _Group:
+    """:func:`_order`, then one take per column (no copy when already grouped). Runs
+    in: worker."""
+    order, ranges = _order(parts)
+    if order is None:
+        return _Group(None, cols.values, cols.keys, cols.timestamps, cols.headers, ranges)
     idx = index_array(order)
     values = cols.values.take(idx)
     keys = cols.keys.take(idx) if cols.keys is not None else None
@@ -387,12 +412,12 @@ class _Writer:
             held = self.buffers[run] = w._obtain_locked(run, window, self.deadline)
         return held.pop()
 
-    def write(self, batch: V.EncodedBatch, partition: int) -> None:
+    def write(self, batch: V.EncodedBatch | StagedBatch, partition: int) -> None:
         """Writes one whole batch into a granted buffer (compressed here when a codec is
         set). Runs in: worker, no lock: the buffer is this call's alone until handed over."""
         w = self.w
         geo = w._geo
-        size = HEADER_SIZE + len(batch.records)
+        size = HEADER_SIZE + batch.section_size
         run = 1 if size <= geo.buffer_size else geo.buffers_for(size)
         buf = self.buffer(run)
         start = geo.buffer(buf)
@@ -415,7 +440,7 @@ class _Writer:
             mv.release()
         outcome = BatchOutcome(w._done_lock, self.entry.name, partition)
         slot = self.slots[partition]
-        self.pending.append((buf, run, slot, end, batch.record_count, outcome, len(batch.records)))
+        self.pending.append((buf, run, slot, end, batch.record_count, outcome, batch.section_size))
         self.outcomes.append(outcome)
         self.counts.append(batch.record_count)
         self.estimate = max(1, self.estimate - 1)
@@ -522,7 +547,6 @@ def _write(
     budget = w._batch_size - HEADER_SIZE
     group = _group(cols, parts)
     approx = int(cols.row_bytes.sum()) + cols.n * (_ROW_OVERHEAD + cols.header_bytes)
-    writer = _Writer(w, entry, slots, -(-approx // budget) + len(group.ranges), hook, created_ns)
 
     def encoded() -> Iterator[tuple[int, V.EncodedBatch]]:
         # one encoder call for every partition (no batch crosses a partition's rows):
@@ -543,7 +567,47 @@ def _write(
             yield ranges[k][0], batch
             row += batch.record_count
 
-    todo: Iterable[tuple[int, V.EncodedBatch]] = encoded()
+    estimate = -(-approx // budget) + len(group.ranges)
+    outcomes, counts = _hand(w, entry, slots, encoded(), estimate, cols.n, hook, created_ns)
+    return group.order, outcomes, counts
+
+
+def _write_direct(
+    w: Worker,
+    entry: TopicEntry,
+    slots: list[int],
+    stage: Stage,
+    parts: I32,
+    keep: npt.NDArray[np.intp] | None,
+    created_ns: int,
+) -> tuple[npt.NDArray[np.intp] | None, list[BatchOutcome], list[int]] | None:
+    """:func:`_write` for the rows ``keep`` (None: all) of a stage without headers,
+    written straight from the staged bytes (:func:`staging.direct_batches`); None when
+    the stage cannot go that way. ``parts``: the partition of each kept row. Runs in:
+    worker, holding the flush turn, state lock NOT held."""
+    order, ranges = _order(parts)
+    rows = order if keep is None else (keep if order is None else keep[order])
+    todo = direct_batches(stage, rows, ranges, w._batch_size - HEADER_SIZE)
+    if todo is None:
+        return None
+    outcomes, counts = _hand(w, entry, slots, todo, len(todo), len(parts), "sealed", created_ns)
+    return order, outcomes, counts
+
+
+def _hand(
+    w: Worker,
+    entry: TopicEntry,
+    slots: list[int],
+    todo: Iterable[tuple[int, V.EncodedBatch | StagedBatch]],
+    estimate: int,
+    n: int,
+    hook: str,
+    created_ns: int,
+) -> tuple[list[BatchOutcome], list[int]]:
+    """Writes (partition, batch) pairs of ``n`` rows into granted buffers and hands them
+    over; returns (outcome per batch, rows per batch). See :func:`_write`. Runs in:
+    worker, holding the flush turn, state lock NOT held."""
+    writer = _Writer(w, entry, slots, estimate, hook, created_ns)
     geo = w._geo
     small = max(_ATOMIC_MIN, geo.n_buffers // 8)
     if writer.estimate <= small:
@@ -551,7 +615,7 @@ def _write(
         # max_block_ms), so a full pool hands nothing over: send() keeps its records
         # staged and refuses the new one, send_batch raises at the call
         todo = list(todo)
-        sizes = [HEADER_SIZE + len(b.records) for _, b in todo]
+        sizes = [HEADER_SIZE + b.section_size for _, b in todo]
         if len(todo) <= small and max(sizes, default=0) <= max(geo.buffer_size, w._batch_size):
             runs = Counter(geo.buffers_for(size) for size in sizes)
             if sum(run * count for run, count in runs.items()) <= small:
@@ -576,14 +640,14 @@ def _write(
         rest = BatchOutcome(w._done_lock, entry.name, -1)  # the rows never handed over
         rest.fail(exc)
         writer.outcomes.append(rest)
-        writer.counts.append(cols.n - sum(writer.counts))
+        writer.counts.append(n - sum(writer.counts))
     writer.give_back()
     with w._lock:
         if writer.hook != "bulk" or writer.used > 1:
             w._grow_lease(writer.used)
         with contextlib.suppress(ShmprodError):
             w._replenish_locked()
-    return group.order, writer.outcomes, writer.counts
+    return writer.outcomes, writer.counts
 
 
 # ---------------------------------------------------------------------------------------
@@ -591,23 +655,16 @@ def _write(
 # ---------------------------------------------------------------------------------------
 
 
-def _stage_columns(stage: Stage) -> Columns:
-    values = stage.value_column()
-    keys = stage.key_column()
-    row_bytes = _lengths(values)
-    if keys is not None:
-        row_bytes += _lengths(keys)
-    per_row = stage.headers is not None
-    header_bytes = stage.header_max if per_row else 1
+def _stage_columns(stage: Stage, rows: KeyRows) -> Columns:
     return Columns(
         stage.n,
-        values,
-        keys,
+        stage.value_column(),
+        rows.keys,
         stage.timestamp_column(),
         stage.headers,
-        per_row,
-        header_bytes,
-        row_bytes,
+        stage.headers is not None,
+        rows.header_bytes,
+        rows.row_bytes,
     )
 
 
@@ -643,11 +700,16 @@ def flush_stage(w: Worker, stage: Stage, *, keep_when_full: bool = False) -> Non
 
 def _flush_stage(w: Worker, stage: Stage) -> None:
     n = stage.n
-    cols = _stage_columns(stage)
+    rows = KeyRows(
+        n,
+        stage.key_column(),
+        stage.row_lengths(),
+        stage.header_max if stage.headers is not None else 1,
+    )
     with w._lock:
         w._check_alive()
         entry = w._topic_locked(stage.topic)
-        parts = _partitions(w, cols, entry, None, w._batch_size - HEADER_SIZE)
+        parts = _default_partitions(w, rows, entry, w._batch_size - HEADER_SIZE, None)
         explicit = stage.partition_column()
         if explicit is not None:
             parts = np.where(explicit >= 0, explicit, parts).astype(np.int32)
@@ -656,21 +718,24 @@ def _flush_stage(w: Worker, stage: Stage) -> None:
     keep: npt.NDArray[np.intp] | None = None
     if gone.any():
         keep = np.flatnonzero(~gone)
-        cols = _take_rows(cols, keep)
+    kept = n if keep is None else len(keep)
     created = stage.deadline_ns - w._linger_ns
-    if cols.n:
-        order, outcomes, counts = _write(w, entry, slots, cols, parts[~gone], "sealed", created)
-    else:
-        order, outcomes, counts = None, [], []
+    written = None
+    if kept:
+        written = _write_direct(w, entry, slots, stage, parts[~gone], keep, created)
+    if written is None and kept:
+        cols = _stage_columns(stage, rows)
+        if keep is not None:
+            cols = _take_rows(cols, keep)
+        written = _write(w, entry, slots, cols, parts[~gone], "sealed", created)
+    order, outcomes, counts = written if written is not None else (None, [], [])
     counts_a = np.array(counts, dtype=np.int64)
     starts = np.cumsum(counts_a) - counts_a
     sorted_batch = np.repeat(np.arange(len(counts), dtype=np.int32), counts_a)
-    sorted_index = (np.arange(cols.n, dtype=np.int64) - np.repeat(starts, counts_a)).astype(
-        np.int32
-    )
+    sorted_index = (np.arange(kept, dtype=np.int64) - np.repeat(starts, counts_a)).astype(np.int32)
     if order is not None:
-        row_batch = np.empty(cols.n, np.int32)
-        row_index = np.empty(cols.n, np.int32)
+        row_batch = np.empty(kept, np.int32)
+        row_index = np.empty(kept, np.int32)
         row_batch[order] = sorted_batch
         row_index[order] = sorted_index
     else:

@@ -1,5 +1,5 @@
 /*
- * shmprod._speedups: the per-record send() path in C.
+ * shmprod._speedups: the per-record send() path, and writing rows as records, in C.
  *
  * Three types, each with a pure-Python twin in shmprod/speedups.py that behaves the
  * same (the tests run both):
@@ -19,12 +19,19 @@
  * about 1.1 us of the caller's CPU per record; here they cost about a quarter of that,
  * most of it the lock's two method calls and the Python frame of send() around it.
  *
- * Runs in: worker (the thread that calls send()). Holds the GIL throughout; the lock is
- * the Worker's state lock, taken and released through its own methods.
+ * And three functions without a twin (shmprod.worker.direct; without the extension the
+ * vectorised encoder does their work): plan_batches and encode_records cut rows sorted
+ * by partition into batches and write each record straight into a pool buffer, from a
+ * stage's lists or from Arrow buffers; staged_lengths sizes a stage's rows.
+ *
+ * Runs in: worker (the thread that calls send(), or the one flushing). Holds the GIL
+ * throughout; the lock is the Worker's state lock, taken and released through its own
+ * methods.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 
@@ -446,17 +453,25 @@ static PyTypeObject StagerType = {
 };
 
 /* ------------------------------------------------------------------------------------ */
-/* Staged rows encoded as records                                                       */
+/* Rows encoded as records, straight into a buffer                                      */
 /* ------------------------------------------------------------------------------------ */
 /*
- * A flush of a stage without headers writes each record straight from the staged bytes
- * objects into its granted pool buffer: one copy of every key and value, no Arrow column,
- * no take, no intermediate records section. The rows of a batch are the stage's rows
- * order[lo:hi] (order: the rows sorted by partition, int64; None is the identity).
+ * A flush of a stage, or a send_batch, without per-row headers writes each record
+ * straight from its source into the granted pool buffer: one copy of every key and
+ * value, no take into partition order, no intermediate records section. The rows of a
+ * batch are order[lo:hi] (order: the rows sorted by partition, int64; None is the
+ * identity).
+ *
+ * A column (values, keys) is either a list of bytes | None (a stage's rows) or a tuple
+ * (length, offset, width, validity, offsets, data) describing an Arrow binary (width 4)
+ * or large_binary (width 8) array by its buffers; keys may be None (every key null).
+ * Timestamps are a list of int, an int64 buffer, or one int for every row. Every offset
+ * read from a buffer is checked against the buffer's length.
  *
  * A record (Kafka RecordBatch v2): length attributes timestampDelta offsetDelta
- * keyLength key valueLength value headerCount, every integer a zig-zag varint, a null
- * key or value a length of -1, headerCount 0.
+ * keyLength key valueLength value headers, every integer a zig-zag varint, a null key
+ * or value a length of -1; headers is one encoded section shared by every row (b"\x00":
+ * none).
  */
 
 static inline int
@@ -487,130 +502,368 @@ put_varint(char *p, unsigned long long u)
     return p;
 }
 
+enum { COL_NULL, COL_LIST, COL_ARROW };
+
 typedef struct {
-    PyObject **values; /* the lists' item arrays (borrowed; the lists outlive the call) */
-    PyObject **keys;
-    PyObject **stamps;
+    int kind;
+    PyObject **items; /* COL_LIST: the list's items (borrowed; the list outlives the call) */
+    Py_ssize_t n;
+    Py_ssize_t base; /* COL_ARROW: the array's offset */
+    int wide;        /* COL_ARROW: 8-byte offsets */
+    const unsigned char *valid;
+    Py_ssize_t valid_len;
+    const char *offsets;
+    Py_ssize_t offsets_len;
+    const char *data;
+    Py_ssize_t data_len;
+    Py_buffer views[3];
+    int held[3];
+} Col;
+
+static void
+col_release(Col *c)
+{
+    for (int i = 0; i < 3; i++) {
+        if (c->held[i]) {
+            PyBuffer_Release(&c->views[i]);
+            c->held[i] = 0;
+        }
+    }
+}
+
+static int
+col_view(Col *c, int i, PyObject *obj, const char *what)
+{
+    if (PyObject_GetBuffer(obj, &c->views[i], PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s: the Arrow %s buffer is not a buffer", what,
+                     i == 0 ? "validity" : (i == 1 ? "offsets" : "data"));
+        return -1;
+    }
+    c->held[i] = 1;
+    return 0;
+}
+
+/* A column from a list, an Arrow buffers tuple, or None (when allowed). */
+static int
+col_get(Col *c, PyObject *obj, int allow_none, const char *what)
+{
+    memset(c, 0, sizeof(*c));
+    if (obj == Py_None && allow_none) {
+        c->kind = COL_NULL;
+        c->n = -1; /* any */
+        return 0;
+    }
+    if (PyList_Check(obj)) {
+        c->kind = COL_LIST;
+        c->items = ((PyListObject *)obj)->ob_item;
+        c->n = PyList_GET_SIZE(obj);
+        return 0;
+    }
+    PyObject *validity, *offsets, *data;
+    Py_ssize_t width;
+    if (!PyTuple_Check(obj) ||
+        !PyArg_ParseTuple(obj, "nnnOOO", &c->n, &c->base, &width, &validity, &offsets, &data)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a list or a (length, offset, width, validity, offsets, data) "
+                     "tuple",
+                     what);
+        return -1;
+    }
+    c->kind = COL_ARROW;
+    if (c->n < 0 || c->base < 0 || (width != 4 && width != 8)) {
+        PyErr_Format(PyExc_ValueError, "%s: bad Arrow length, offset or width", what);
+        return -1;
+    }
+    c->wide = width == 8;
+    if (validity != Py_None) {
+        if (col_view(c, 0, validity, what) < 0) {
+            goto fail;
+        }
+        c->valid = (const unsigned char *)c->views[0].buf;
+        c->valid_len = c->views[0].len;
+        if (c->valid_len * 8 < c->base + c->n) {
+            PyErr_Format(PyExc_ValueError, "%s: the validity buffer is too short", what);
+            goto fail;
+        }
+    }
+    if (col_view(c, 1, offsets, what) < 0) {
+        goto fail;
+    }
+    c->offsets = (const char *)c->views[1].buf;
+    c->offsets_len = c->views[1].len;
+    if (c->offsets_len / (c->wide ? 8 : 4) < c->base + c->n + 1) {
+        PyErr_Format(PyExc_ValueError, "%s: the offsets buffer is too short", what);
+        goto fail;
+    }
+    if (data != Py_None) {
+        if (col_view(c, 2, data, what) < 0) {
+            goto fail;
+        }
+        c->data = (const char *)c->views[2].buf;
+        c->data_len = c->views[2].len;
+    }
+    return 0;
+fail:
+    col_release(c);
+    return -1;
+}
+
+/* Row ``row``'s bytes: *len -1 for null. */
+static inline int
+col_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
+{
+    if (c->kind == COL_NULL) {
+        *ptr = NULL;
+        *len = -1;
+        return 0;
+    }
+    if (c->kind == COL_LIST) {
+        PyObject *o = c->items[row];
+        if (o == Py_None) {
+            *ptr = NULL;
+            *len = -1;
+            return 0;
+        }
+        if (!PyBytes_Check(o)) {
+            PyErr_Format(PyExc_TypeError,
+                         "staged keys and values must be bytes or None, got %.100s",
+                         Py_TYPE(o)->tp_name);
+            return -1;
+        }
+        *ptr = PyBytes_AS_STRING(o);
+        *len = PyBytes_GET_SIZE(o);
+        return 0;
+    }
+    Py_ssize_t i = c->base + row;
+    if (c->valid && !(c->valid[i >> 3] & (1 << (i & 7)))) {
+        *ptr = NULL;
+        *len = -1;
+        return 0;
+    }
+    long long a, b;
+    if (c->wide) {
+        int64_t x, y;
+        memcpy(&x, c->offsets + 8 * i, 8);
+        memcpy(&y, c->offsets + 8 * (i + 1), 8);
+        a = x;
+        b = y;
+    }
+    else {
+        int32_t x, y;
+        memcpy(&x, c->offsets + 4 * i, 4);
+        memcpy(&y, c->offsets + 4 * (i + 1), 4);
+        a = x;
+        b = y;
+    }
+    if (a < 0 || b < a || b > c->data_len) {
+        PyErr_SetString(PyExc_ValueError, "an Arrow offset is outside its data buffer");
+        return -1;
+    }
+    *ptr = c->data + a;
+    *len = (Py_ssize_t)(b - a);
+    return 0;
+}
+
+enum { TS_ONE, TS_LIST, TS_ARRAY };
+
+typedef struct {
+    int kind;
+    long long one;
+    PyObject **items;
+    const long long *arr;
+    Py_ssize_t n;
+    Py_buffer view;
+    int held;
+} Stamps;
+
+static int
+ts_get(Stamps *t, PyObject *obj)
+{
+    memset(t, 0, sizeof(*t));
+    if (PyLong_Check(obj)) {
+        t->kind = TS_ONE;
+        t->n = -1;
+        t->one = PyLong_AsLongLong(obj);
+        if (t->one == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        if (t->one < 0) {
+            PyErr_SetString(PyExc_ValueError, "timestamps must be >= 0");
+            return -1;
+        }
+        return 0;
+    }
+    if (PyList_Check(obj)) {
+        t->kind = TS_LIST;
+        t->items = ((PyListObject *)obj)->ob_item;
+        t->n = PyList_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, &t->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "timestamps must be an int, a list or an int64 array");
+        return -1;
+    }
+    t->held = 1;
+    const char *f = t->view.format;
+    if (t->view.itemsize != 8 || f == NULL ||
+        (strcmp(f, "q") && strcmp(f, "l") && strcmp(f, "<q") && strcmp(f, "<l") &&
+         strcmp(f, "=q") && strcmp(f, "=l"))) {
+        PyErr_SetString(PyExc_TypeError, "timestamps must be an int, a list or an int64 array");
+        PyBuffer_Release(&t->view);
+        t->held = 0;
+        return -1;
+    }
+    t->kind = TS_ARRAY;
+    t->arr = (const long long *)t->view.buf;
+    t->n = t->view.len / 8;
+    return 0;
+}
+
+static inline int
+ts_item(const Stamps *t, Py_ssize_t row, long long *ts)
+{
+    if (t->kind == TS_ONE) {
+        *ts = t->one;
+        return 0;
+    }
+    if (t->kind == TS_ARRAY) {
+        *ts = t->arr[row];
+    }
+    else {
+        PyObject *o = t->items[row];
+        if (!PyLong_Check(o)) {
+            PyErr_SetString(PyExc_TypeError, "staged timestamps must be ints");
+            return -1;
+        }
+        *ts = PyLong_AsLongLong(o);
+        if (*ts == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    if (*ts < 0) {
+        PyErr_SetString(PyExc_ValueError, "timestamps must be >= 0");
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    Col values, keys;
+    Stamps ts;
     Py_ssize_t n;
     const long long *order; /* NULL: the identity */
     Py_buffer order_view;
     int has_order;
+    const char *headers;
+    Py_ssize_t headers_len;
 } Rows;
 
 static void
 rows_release(Rows *r)
 {
+    col_release(&r->values);
+    col_release(&r->keys);
+    if (r->ts.held) {
+        PyBuffer_Release(&r->ts.view);
+        r->ts.held = 0;
+    }
     if (r->has_order) {
         PyBuffer_Release(&r->order_view);
         r->has_order = 0;
     }
 }
 
-/* Checks the three staged lists (same length) and the order (int64, that length). */
+/* The columns (one length), the order (int64, that length) and the headers section. */
 static int
-rows_get(Rows *r, PyObject *values, PyObject *keys, PyObject *stamps, PyObject *order)
+rows_get(Rows *r, PyObject *values, PyObject *keys, PyObject *stamps, PyObject *order,
+         PyObject *headers)
 {
-    r->has_order = 0;
-    r->order = NULL;
-    if (!PyList_Check(values) || !PyList_Check(keys) || !PyList_Check(stamps)) {
-        PyErr_SetString(PyExc_TypeError, "values, keys and timestamps must be lists");
+    memset(r, 0, sizeof(*r));
+    if (col_get(&r->values, values, 0, "values") < 0) {
         return -1;
     }
-    r->n = PyList_GET_SIZE(values);
-    if (PyList_GET_SIZE(keys) != r->n || PyList_GET_SIZE(stamps) != r->n) {
+    if (col_get(&r->keys, keys, 1, "keys") < 0 || ts_get(&r->ts, stamps) < 0) {
+        goto fail;
+    }
+    r->n = r->values.n;
+    if ((r->keys.n != -1 && r->keys.n != r->n) || (r->ts.n != -1 && r->ts.n != r->n)) {
         PyErr_SetString(PyExc_ValueError, "values, keys and timestamps differ in length");
-        return -1;
+        goto fail;
     }
-    r->values = ((PyListObject *)values)->ob_item;
-    r->keys = ((PyListObject *)keys)->ob_item;
-    r->stamps = ((PyListObject *)stamps)->ob_item;
+    if (headers == NULL) {
+        r->headers = "";
+        r->headers_len = 1; /* the NUL byte: a count of 0 */
+    }
+    else if (PyBytes_Check(headers) && PyBytes_GET_SIZE(headers) > 0) {
+        r->headers = PyBytes_AS_STRING(headers);
+        r->headers_len = PyBytes_GET_SIZE(headers);
+    }
+    else {
+        PyErr_SetString(PyExc_TypeError, "headers must be a non-empty encoded headers section");
+        goto fail;
+    }
     if (order != Py_None) {
         if (PyObject_GetBuffer(order, &r->order_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-            return -1;
+            goto fail;
         }
         r->has_order = 1;
         const char *f = r->order_view.format;
-        if (r->order_view.itemsize != 8 || f == NULL || (strcmp(f, "q") && strcmp(f, "l") &&
-                                                         strcmp(f, "<q") && strcmp(f, "<l") &&
-                                                         strcmp(f, "=q") && strcmp(f, "=l"))) {
+        if (r->order_view.itemsize != 8 || f == NULL ||
+            (strcmp(f, "q") && strcmp(f, "l") && strcmp(f, "<q") && strcmp(f, "<l") &&
+             strcmp(f, "=q") && strcmp(f, "=l"))) {
             PyErr_SetString(PyExc_TypeError, "order must be an int64 array");
-            rows_release(r);
-            return -1;
+            goto fail;
         }
         if (r->order_view.len / 8 != r->n) {
             PyErr_SetString(PyExc_ValueError, "order must have one entry per row");
-            rows_release(r);
-            return -1;
+            goto fail;
         }
         r->order = (const long long *)r->order_view.buf;
     }
     return 0;
+fail:
+    rows_release(r);
+    return -1;
 }
 
-/* The row at sorted position i, checked. */
+/* Sorted position i's row, key, value and timestamp, checked. */
 static inline int
-row_at(const Rows *r, Py_ssize_t i, Py_ssize_t *row)
+row_get(const Rows *r, Py_ssize_t i, const char **k, Py_ssize_t *klen, const char **v,
+        Py_ssize_t *vlen, long long *ts)
 {
     long long x = r->order ? r->order[i] : (long long)i;
     if (x < 0 || x >= r->n) {
         PyErr_SetString(PyExc_IndexError, "order holds a row out of range");
         return -1;
     }
-    *row = (Py_ssize_t)x;
-    return 0;
-}
-
-/* Length of a staged key or value: -1 for None. */
-static inline int
-item_len(PyObject *o, Py_ssize_t *len)
-{
-    if (o == Py_None) {
-        *len = -1;
-        return 0;
-    }
-    if (!PyBytes_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "staged keys and values must be bytes or None, got %.100s",
-                     Py_TYPE(o)->tp_name);
-        return -1;
-    }
-    *len = PyBytes_GET_SIZE(o);
-    return 0;
-}
-
-static inline int
-stamp(PyObject *o, long long *ts)
-{
-    if (!PyLong_Check(o)) {
-        PyErr_SetString(PyExc_TypeError, "staged timestamps must be ints");
-        return -1;
-    }
-    *ts = PyLong_AsLongLong(o);
-    if (*ts == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (*ts < 0) {
-        PyErr_SetString(PyExc_ValueError, "staged timestamps must be >= 0");
+    Py_ssize_t row = (Py_ssize_t)x;
+    if (col_item(&r->keys, row, k, klen) < 0 || col_item(&r->values, row, v, vlen) < 0 ||
+        ts_item(&r->ts, row, ts) < 0) {
         return -1;
     }
     return 0;
 }
 
-/* One record's encoded size (length varint included); -1 and an exception if too big. */
+/* A record's body size (all but its length varint); -1 and OverflowError if too big. */
 static inline long long
-record_size(Py_ssize_t klen, Py_ssize_t vlen, long long ts_delta, long long offset_delta)
+body_size(Py_ssize_t klen, Py_ssize_t vlen, long long ts_delta, long long offset_delta,
+          Py_ssize_t headers_len)
 {
     long long body = 1 + zz_size(zigzag(ts_delta)) + zz_size(zigzag(offset_delta)) +
                      zz_size(zigzag(klen)) + (klen > 0 ? klen : 0) + zz_size(zigzag(vlen)) +
-                     (vlen > 0 ? vlen : 0) + 1;
+                     (vlen > 0 ? vlen : 0) + headers_len;
     if (body > 0x7FFFFFFFLL) {
         PyErr_SetString(PyExc_OverflowError, "a record is larger than 2**31 - 1 bytes");
         return -1;
     }
-    return zz_size(zigzag(body)) + body;
+    return body;
 }
 
-/* staged_lengths(values, keys, out): out[i] = key + value bytes of row i (None counts 0).
- * out: a writable int64 buffer of one entry per row. Runs in: worker. */
+/* staged_lengths(values, keys, out): out[i] = key + value bytes of staged row i (None
+ * counts 0). values, keys: lists; out: a writable int64 buffer of one entry per row.
+ * Runs in: worker. */
 static PyObject *
 staged_lengths(PyObject *mod, PyObject *args)
 {
@@ -626,11 +879,13 @@ staged_lengths(PyObject *mod, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "values, keys and out differ in length");
         return NULL;
     }
+    Col vc = {.kind = COL_LIST, .items = ((PyListObject *)values)->ob_item, .n = n};
+    Col kc = {.kind = COL_LIST, .items = ((PyListObject *)keys)->ob_item, .n = n};
     long long *dst = (long long *)out.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
+        const char *p;
         Py_ssize_t k, v;
-        if (item_len(PyList_GET_ITEM(keys, i), &k) < 0 ||
-            item_len(PyList_GET_ITEM(values, i), &v) < 0) {
+        if (col_item(&kc, i, &p, &k) < 0 || col_item(&vc, i, &p, &v) < 0) {
             PyBuffer_Release(&out);
             return NULL;
         }
@@ -640,22 +895,22 @@ staged_lengths(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* plan_batches(values, keys, timestamps, order, ends, budget): cuts the sorted rows into
- * batches. ends: the sorted positions where a partition's rows end (rising, the last one
- * the row count); no batch crosses one. A batch's records take at most budget bytes; a
- * record too big for an empty batch goes alone. Returns a list of (lo, hi, records
- * bytes, base timestamp, max timestamp). Runs in: worker. */
+/* plan_batches(values, keys, timestamps, order, ends, budget[, headers]): cuts the sorted
+ * rows into batches. ends: the sorted positions where a partition's rows end (rising,
+ * the last one the row count); no batch crosses one. A batch's records take at most
+ * budget bytes; a record too big for an empty batch goes alone. Returns a list of (lo,
+ * hi, records bytes, base timestamp, max timestamp). Runs in: worker. */
 static PyObject *
 plan_batches(PyObject *mod, PyObject *args)
 {
-    PyObject *values, *keys, *stamps, *order, *ends;
+    PyObject *values, *keys, *stamps, *order, *ends, *headers = NULL;
     long long budget;
-    if (!PyArg_ParseTuple(args, "OOOOO!L:plan_batches", &values, &keys, &stamps, &order,
-                          &PyList_Type, &ends, &budget)) {
+    if (!PyArg_ParseTuple(args, "OOOOO!L|O:plan_batches", &values, &keys, &stamps, &order,
+                          &PyList_Type, &ends, &budget, &headers)) {
         return NULL;
     }
     Rows r;
-    if (rows_get(&r, values, keys, stamps, order) < 0) {
+    if (rows_get(&r, values, keys, stamps, order, headers) < 0) {
         return NULL;
     }
     PyObject *out = PyList_New(0);
@@ -670,28 +925,29 @@ plan_batches(PyObject *mod, PyObject *args)
         if (end == -1 && PyErr_Occurred()) {
             goto fail;
         }
-        if (end <= prev_end || end > r.n || (g == nends - 1 && end != r.n)) {
+        if (end <= prev_end || end > r.n) {
             PyErr_SetString(PyExc_ValueError, "ends must rise strictly to the row count");
             goto fail;
         }
         prev_end = end;
         while (lo < end) {
-            Py_ssize_t i = lo, row;
+            Py_ssize_t i = lo;
             long long size = 0, base = 0, top = 0;
             for (; i < end; i++) {
+                const char *kp, *vp;
                 Py_ssize_t k, v;
                 long long ts;
-                if (row_at(&r, i, &row) < 0 || item_len(r.keys[row], &k) < 0 ||
-                    item_len(r.values[row], &v) < 0 || stamp(r.stamps[row], &ts) < 0) {
+                if (row_get(&r, i, &kp, &k, &vp, &v, &ts) < 0) {
                     goto fail;
                 }
                 if (i == lo) {
                     base = top = ts;
                 }
-                long long one = record_size(k, v, ts - base, (long long)(i - lo));
-                if (one < 0) {
+                long long body = body_size(k, v, ts - base, (long long)(i - lo), r.headers_len);
+                if (body < 0) {
                     goto fail;
                 }
+                long long one = zz_size(zigzag(body)) + body;
                 if (i > lo && size + one > budget) {
                     break;
                 }
@@ -721,23 +977,24 @@ fail:
     return NULL;
 }
 
-/* encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset): writes
- * the records of sorted rows [lo, hi) at out[offset:], offsetDelta from 0 and
- * timestampDelta from base_ts; returns the end offset. ValueError when they do not fit
- * (nothing is promised of out then). Runs in: worker; out is a buffer this worker owns. */
+/* encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset[,
+ * headers]): writes the records of sorted rows [lo, hi) at out[offset:], offsetDelta
+ * from 0 and timestampDelta from base_ts; returns the end offset. ValueError when they
+ * do not fit (nothing is promised of out then). Runs in: worker; out is a buffer this
+ * worker owns. */
 static PyObject *
 encode_records(PyObject *mod, PyObject *args)
 {
-    PyObject *values, *keys, *stamps, *order;
+    PyObject *values, *keys, *stamps, *order, *headers = NULL;
     Py_ssize_t lo, hi, offset;
     long long base;
     Py_buffer out;
-    if (!PyArg_ParseTuple(args, "OOOOnnLw*n:encode_records", &values, &keys, &stamps, &order,
-                          &lo, &hi, &base, &out, &offset)) {
+    if (!PyArg_ParseTuple(args, "OOOOnnLw*n|O:encode_records", &values, &keys, &stamps, &order,
+                          &lo, &hi, &base, &out, &offset, &headers)) {
         return NULL;
     }
     Rows r;
-    if (rows_get(&r, values, keys, stamps, order) < 0) {
+    if (rows_get(&r, values, keys, stamps, order, headers) < 0) {
         PyBuffer_Release(&out);
         return NULL;
     }
@@ -748,44 +1005,37 @@ encode_records(PyObject *mod, PyObject *args)
     char *p = (char *)out.buf + offset;
     const char *stop = (const char *)out.buf + out.len;
     for (Py_ssize_t i = lo; i < hi; i++) {
-        Py_ssize_t row, k, v;
+        const char *kp, *vp;
+        Py_ssize_t k, v;
         long long ts;
-        PyObject *key, *value;
-        if (row_at(&r, i, &row) < 0) {
-            goto fail;
-        }
-        key = r.keys[row];
-        value = r.values[row];
-        if (item_len(key, &k) < 0 || item_len(value, &v) < 0 || stamp(r.stamps[row], &ts) < 0) {
+        if (row_get(&r, i, &kp, &k, &vp, &v, &ts) < 0) {
             goto fail;
         }
         long long od = (long long)(i - lo);
-        long long one = record_size(k, v, ts - base, od);
-        if (one < 0) {
+        long long body = body_size(k, v, ts - base, od, r.headers_len);
+        if (body < 0) {
             goto fail;
         }
-        if (one > stop - p) {
+        if (zz_size(zigzag(body)) + body > stop - p) {
             PyErr_SetString(PyExc_ValueError, "the records do not fit in the buffer");
             goto fail;
         }
-        long long body = 1 + zz_size(zigzag(ts - base)) + zz_size(zigzag(od)) +
-                         zz_size(zigzag(k)) + (k > 0 ? k : 0) + zz_size(zigzag(v)) +
-                         (v > 0 ? v : 0) + 1;
         p = put_varint(p, zigzag(body));
         *p++ = 0; /* attributes */
         p = put_varint(p, zigzag(ts - base));
         p = put_varint(p, zigzag(od));
         p = put_varint(p, zigzag(k));
         if (k > 0) {
-            memcpy(p, PyBytes_AS_STRING(key), (size_t)k);
+            memcpy(p, kp, (size_t)k);
             p += k;
         }
         p = put_varint(p, zigzag(v));
         if (v > 0) {
-            memcpy(p, PyBytes_AS_STRING(value), (size_t)v);
+            memcpy(p, vp, (size_t)v);
             p += v;
         }
-        *p++ = 0; /* no headers */
+        memcpy(p, r.headers, (size_t)r.headers_len);
+        p += r.headers_len;
     }
     Py_ssize_t end = p - (char *)out.buf;
     rows_release(&r);
@@ -801,10 +1051,11 @@ static PyMethodDef speedups_methods[] = {
     {"staged_lengths", staged_lengths, METH_VARARGS,
      "staged_lengths(values, keys, out): key + value bytes per staged row into out."},
     {"plan_batches", plan_batches, METH_VARARGS,
-     "plan_batches(values, keys, timestamps, order, ends, budget) -> [(lo, hi, bytes, "
-     "base_ts, max_ts)]."},
+     "plan_batches(values, keys, timestamps, order, ends, budget[, headers]) -> [(lo, hi, "
+     "bytes, base_ts, max_ts)]."},
     {"encode_records", encode_records, METH_VARARGS,
-     "encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset) -> end."},
+     "encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset[, "
+     "headers]) -> end."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,11 +14,12 @@ do the same in Python. The tests run both and compare them.
   headers, no explicit partition, the topic's one stage has room): stages the row under
   the Worker's state lock and returns its future; None when nothing was staged and the
   Python path must handle the record.
-* :func:`plan_batches`, :func:`encode_records`, :func:`staged_lengths`: a flush of a stage
-  without headers cuts its rows into batches and writes each record straight from the
-  staged ``bytes`` into its pool buffer (one copy of each key and value). They exist in
-  C only (None without the extension): without them a flush takes the vectorised Arrow
-  path (:mod:`shmprod.protocol.vectorized`), which encodes the same bytes.
+* :func:`plan_batches`, :func:`encode_records`, :func:`staged_lengths`: rows without
+  per-row headers (a stage's lists, or ``send_batch``'s Arrow arrays) cut into batches
+  and each record written straight into its pool buffer, one copy of each key and value
+  (:mod:`shmprod.worker.direct`). They exist in C only (None without the extension):
+  without them the vectorised Arrow path (:mod:`shmprod.protocol.vectorized`) encodes
+  the same bytes.
 
 Runs in: worker. ``Stager`` takes the Worker's state lock.
 """

@@ -12,17 +12,18 @@
    previous ``send_batch`` to the topic stopped: a small call stays on one partition
    (sticky), a large one spreads over all of them in whole batches.
 3. **Group** rows by partition with one stable ``argsort`` (input order is kept inside
-   each partition) and one Arrow ``take`` per column.
+   each partition); the vectorised encoder also takes one Arrow ``take`` per column.
 4. **Flush first** the records this process staged with ``send`` for the topic, under
    the process's flush turn, so that the records of a process reach each partition in
    the order it sent them. Staged records are flushed through steps 2-6 too
    (:func:`flush_stage`), their batches written by the C extension straight from the
    staged ``bytes`` when no row has headers (:func:`_write_direct`).
-5. **Encode and write**: per partition, :func:`vectorized.iter_encoded_batches` cuts
-   full batches of at most ``batch_size`` bytes; each is written with
-   :meth:`EncodedBatch.write_into` straight into a granted buffer (compressed by this
-   worker when a codec is set; uncompressed when the compressed form would not fit),
-   its DESCRIPTOR marked SEALED and one ``Sealed`` message sent. A few batches (at most
+5. **Encode and write**: per partition, full batches of at most ``batch_size`` bytes,
+   each written straight into a granted buffer, record by record from the Arrow buffers
+   by the C extension (:mod:`shmprod.worker.direct`; per-row headers or no extension:
+   :func:`vectorized.iter_encoded_batches` and :meth:`EncodedBatch.write_into`),
+   compressed by this worker when a codec is set (uncompressed when the compressed form
+   would not fit); its DESCRIPTOR marked SEALED and one ``Sealed`` message sent. A few batches (at most
    8, or an eighth of the pool) take all their buffers first, all or nothing, so a full
    pool hands nothing over; more are asked for in windows (``Alloc`` with count = k).
    A row larger than ``batch_size`` goes alone in a run of adjacent buffers.
@@ -50,7 +51,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -74,8 +75,9 @@ from shmprod.protocol import vectorized as V
 from shmprod.protocol.columns import binary_lengths, index_array
 from shmprod.protocol.records import HEADER_SIZE, Header
 from shmprod.worker import append as A
+from shmprod.worker.direct import DirectBatch, arrow_source, staged_source
+from shmprod.worker.direct import plan as direct_plan
 from shmprod.worker.inputs import check_timestamp, encoded_headers
-from shmprod.worker.staging import StagedBatch, direct_batches
 from shmprod.worker.topics import TopicEntry, validate_topic
 
 if TYPE_CHECKING:
@@ -412,7 +414,7 @@ class _Writer:
             held = self.buffers[run] = w._obtain_locked(run, window, self.deadline)
         return held.pop()
 
-    def write(self, batch: V.EncodedBatch | StagedBatch, partition: int) -> None:
+    def write(self, batch: V.EncodedBatch | DirectBatch, partition: int) -> None:
         """Writes one whole batch into a granted buffer (compressed here when a codec is
         set). Runs in: worker, no lock: the buffer is this call's alone until handed over."""
         w = self.w
@@ -545,6 +547,14 @@ def _write(
     over share one failed outcome at the end. Runs in: worker, holding the flush turn,
     state lock NOT held."""
     budget = w._batch_size - HEADER_SIZE
+    if not cols.per_row_headers:  # straight from the Arrow buffers (worker.direct)
+        shared = cast("list[Header] | None", cols.headers)
+        source = arrow_source(cols.values, cols.keys, cols.timestamps, shared)
+        if source is not None:
+            order, ranges = _order(parts)
+            todo = direct_plan(source, order, ranges, budget)
+            outcomes, counts = _hand(w, entry, slots, todo, len(todo), cols.n, hook, created_ns)
+            return order, outcomes, counts
     group = _group(cols, parts)
     approx = int(cols.row_bytes.sum()) + cols.n * (_ROW_OVERHEAD + cols.header_bytes)
 
@@ -582,14 +592,15 @@ def _write_direct(
     created_ns: int,
 ) -> tuple[npt.NDArray[np.intp] | None, list[BatchOutcome], list[int]] | None:
     """:func:`_write` for the rows ``keep`` (None: all) of a stage without headers,
-    written straight from the staged bytes (:func:`staging.direct_batches`); None when
+    written straight from the staged bytes (:mod:`shmprod.worker.direct`); None when
     the stage cannot go that way. ``parts``: the partition of each kept row. Runs in:
     worker, holding the flush turn, state lock NOT held."""
     order, ranges = _order(parts)
     rows = order if keep is None else (keep if order is None else keep[order])
-    todo = direct_batches(stage, rows, ranges, w._batch_size - HEADER_SIZE)
-    if todo is None:
+    source = staged_source(stage)
+    if source is None:
         return None
+    todo = direct_plan(source, rows, ranges, w._batch_size - HEADER_SIZE)
     outcomes, counts = _hand(w, entry, slots, todo, len(todo), len(parts), "sealed", created_ns)
     return order, outcomes, counts
 
@@ -598,7 +609,7 @@ def _hand(
     w: Worker,
     entry: TopicEntry,
     slots: list[int],
-    todo: Iterable[tuple[int, V.EncodedBatch | StagedBatch]],
+    todo: Iterable[tuple[int, V.EncodedBatch | DirectBatch]],
     estimate: int,
     n: int,
     hook: str,

@@ -7,7 +7,7 @@ and return a :class:`~shmprod.futures.RecordFuture` that names the stage and the
 A stage is flushed -- partitioned as ``send_batch`` is (murmur2 of every key at once,
 one stable sort by partition), cut into whole Kafka batches and written record by
 record from the staged ``bytes`` straight into granted buffers by the C extension
-(:class:`StagedBatch`; rows with headers, or no extension: each list joined into an
+(:mod:`shmprod.worker.direct`; rows with headers, or no extension: each list joined into an
 Arrow column for ``send_batch``'s vectorized encoder), then handed to the sender -- when:
 
 * it holds about ``batch_size`` bytes per partition of the topic (every partition's batch
@@ -44,19 +44,11 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from shmprod import speedups
-from shmprod.errors import EncodeError
 from shmprod.futures import BatchOutcome, RecordFuture, _call
-from shmprod.protocol.compression import NONE
-from shmprod.protocol.records import (
-    HEADER_SIZE,
-    Header,
-    batch_attributes,
-    write_batch,
-    write_batch_header,
-)
+from shmprod.protocol.records import Header
 from shmprod.speedups import StageCore, append_row
 
-__all__ = ["RECORD_OVERHEAD_MAX", "STAGED_OVERHEAD", "Stage", "StagedBatch", "direct_batches"]
+__all__ = ["RECORD_OVERHEAD_MAX", "STAGED_OVERHEAD", "Stage"]
 
 # Largest varint overhead of one record besides key, value and headers: length (5),
 # attributes (1), timestampDelta (10), offsetDelta (5), keyLength (5), valueLength (5).
@@ -258,125 +250,6 @@ class Stage(StageCore):
                 self._callbacks.append((row, fn, fut))
                 return
         self._attach(row, fn, fut)
-
-
-class StagedBatch:
-    """Rows ``order[lo:hi]`` of a stage as one batch, written straight from the staged
-    ``bytes`` into a pool buffer (:func:`shmprod.speedups.encode_records`): the same
-    interface as :class:`shmprod.protocol.vectorized.EncodedBatch`, without its records
-    section in between. Runs in: worker, the stage taken for a flush."""
-
-    __slots__ = (
-        "base_timestamp_ms",
-        "lo",
-        "max_timestamp_ms",
-        "order",
-        "record_count",
-        "section_size",
-        "stage",
-    )
-
-    def __init__(
-        self,
-        stage: Stage,
-        order: npt.NDArray[np.int64] | None,
-        lo: int,
-        hi: int,
-        section_size: int,
-        base_timestamp_ms: int,
-        max_timestamp_ms: int,
-    ) -> None:
-        self.stage = stage
-        self.order = order
-        self.lo = lo
-        self.record_count = hi - lo
-        self.section_size = section_size  # the records section's bytes, uncompressed
-        self.base_timestamp_ms = base_timestamp_ms
-        self.max_timestamp_ms = max_timestamp_ms
-
-    def _encode(self, out: bytearray | memoryview, offset: int) -> int:
-        encode = speedups.encode_records
-        assert encode is not None
-        st = self.stage
-        return encode(
-            st.values,
-            st.keys,
-            st.timestamps,
-            self.order,
-            self.lo,
-            self.lo + self.record_count,
-            self.base_timestamp_ms,
-            out,
-            offset,
-        )
-
-    def write_into(
-        self,
-        buf: memoryview,
-        offset: int,
-        *,
-        compression: int = NONE,
-        level: int | None = None,
-    ) -> int:
-        """Writes the whole batch at ``buf[offset:]``, CRC last; returns its end offset
-        (EncodeError when it does not fit)."""
-        if compression != NONE:
-            section = bytearray(self.section_size)
-            self._encode(section, 0)
-            return write_batch(
-                buf,
-                offset,
-                section,
-                record_count=self.record_count,
-                base_timestamp_ms=self.base_timestamp_ms,
-                max_timestamp_ms=self.max_timestamp_ms,
-                compression=compression,
-                level=level,
-            )
-        if len(buf) - offset < HEADER_SIZE + self.section_size:
-            raise EncodeError(
-                f"batch of {HEADER_SIZE + self.section_size} bytes does not fit in "
-                f"{len(buf) - offset}"
-            )
-        end = self._encode(buf, offset + HEADER_SIZE)
-        if end != offset + HEADER_SIZE + self.section_size:  # a changed row: never
-            raise EncodeError("staged rows changed while they were encoded")
-        write_batch_header(
-            buf,
-            offset,
-            end,
-            attributes=batch_attributes(NONE),
-            record_count=self.record_count,
-            base_timestamp_ms=self.base_timestamp_ms,
-            max_timestamp_ms=self.max_timestamp_ms,
-        )
-        return end
-
-
-def direct_batches(
-    stage: Stage,
-    order: npt.NDArray[np.intp] | None,
-    ranges: list[tuple[int, int, int]],
-    budget: int,
-) -> list[tuple[int, StagedBatch]] | None:
-    """The stage's rows cut into (partition, batch) of at most ``budget`` bytes of
-    records each, for a direct write; None when the stage cannot go that way (rows with
-    headers, or no C extension). ``order``: the rows sorted by partition (None: as
-    staged); ``ranges``: (partition, lo, hi) over the sorted rows. Runs in: worker."""
-    plan = speedups.plan_batches
-    if plan is None or stage.headers is not None:
-        return None
-    order64 = None if order is None else order.astype(np.int64, copy=False)
-    cuts = plan(
-        stage.values, stage.keys, stage.timestamps, order64, [hi for *_, hi in ranges], budget
-    )
-    out: list[tuple[int, StagedBatch]] = []
-    k = 0
-    for lo, hi, size, base, top in cuts:
-        while lo >= ranges[k][2]:
-            k += 1
-        out.append((ranges[k][0], StagedBatch(stage, order64, lo, hi, size, base, top)))
-    return out
 
 
 def _column(items: list[bytes | None], nulls: int) -> pa.Array:

@@ -1,0 +1,222 @@
+"""Rows written as records straight into a pool buffer, by the C extension.
+
+A flush of ``send()``'s staged rows, and ``send_batch``, cut their rows (sorted by
+partition) into batches with :func:`shmprod.speedups.plan_batches` and write each batch
+with :func:`shmprod.speedups.encode_records`: the varints and the bytes of every record
+go from where they are -- the stage's ``bytes`` objects, or an Arrow array's data
+buffer -- into the granted buffer. One copy of each key and value, where joining lists
+into columns, reordering them by partition (Arrow ``take``) and encoding a records
+section copied them four times (ARCHITECTURE.md, "Rows written straight into the
+pool"). With a codec the records go to a scratch section that the codec compresses.
+
+What cannot go this way (per-row headers; Arrow types other than binary and
+large_binary; no C extension) takes :mod:`shmprod.protocol.vectorized`, which encodes
+the same bytes.
+
+Runs in: worker. The sources are the caller's: a stage taken for a flush is immutable,
+and ``send_batch`` holds its columns for the call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from shmprod import speedups
+from shmprod.errors import EncodeError
+from shmprod.protocol.compression import NONE
+from shmprod.protocol.records import (
+    HEADER_SIZE,
+    Header,
+    batch_attributes,
+    encode_headers,
+    write_batch,
+    write_batch_header,
+)
+
+if TYPE_CHECKING:
+    from shmprod.worker.staging import Stage
+
+__all__ = ["DirectBatch", "Source", "arrow_source", "plan", "staged_source"]
+
+NO_HEADERS = b"\x00"
+# what the extension raises for rows it cannot encode (a typed EncodeError here)
+_C_ERRORS = (ValueError, TypeError, OverflowError, IndexError)
+
+
+class Source(NamedTuple):
+    """What :func:`shmprod.speedups.encode_records` reads: values and keys (a list of
+    ``bytes | None``, or an Arrow array's buffers; keys None: every key null),
+    timestamps (a list, an int64 array, or one int) and the encoded headers section
+    every record carries."""
+
+    values: Any
+    keys: Any
+    timestamps: Any
+    headers: bytes
+
+
+def staged_source(stage: Stage) -> Source | None:
+    """A stage's rows, or None when they cannot go directly (headers; no extension)."""
+    if speedups.plan_batches is None or stage.headers is not None:
+        return None
+    return Source(stage.values, stage.keys, stage.timestamps, NO_HEADERS)
+
+
+def _buffers(arr: pa.Array) -> tuple[int, int, int, Any, Any, Any] | None:
+    if pa.types.is_large_binary(arr.type):
+        width = 8
+    elif pa.types.is_binary(arr.type):
+        width = 4
+    else:
+        return None
+    validity, offsets, data = arr.buffers()
+    return len(arr), arr.offset, width, validity if arr.null_count else None, offsets, data
+
+
+def arrow_source(
+    values: pa.Array,
+    keys: pa.Array | None,
+    timestamps: npt.NDArray[np.int64] | int,
+    headers: list[Header] | None,
+) -> Source | None:
+    """``send_batch``'s checked columns (one headers list shared by every row, or None),
+    or None when they cannot go directly (another Arrow type; no extension)."""
+    if speedups.plan_batches is None:
+        return None
+    vals = _buffers(values)
+    ks = None if keys is None else _buffers(keys)
+    if vals is None or (keys is not None and ks is None):
+        return None
+    ts: Any = timestamps
+    if not isinstance(ts, int):
+        ts = np.ascontiguousarray(ts, np.int64)
+    section = encode_headers(headers) if headers else NO_HEADERS
+    return Source(vals, ks, ts, section)
+
+
+class DirectBatch:
+    """Rows ``order[lo:hi]`` of a source as one batch, written straight into a buffer:
+    the interface of :class:`shmprod.protocol.vectorized.EncodedBatch` that the writer
+    uses, without its records section in between."""
+
+    __slots__ = (
+        "base_timestamp_ms",
+        "lo",
+        "max_timestamp_ms",
+        "order",
+        "record_count",
+        "section_size",
+        "source",
+    )
+
+    def __init__(
+        self,
+        source: Source,
+        order: npt.NDArray[np.int64] | None,
+        lo: int,
+        hi: int,
+        section_size: int,
+        base_timestamp_ms: int,
+        max_timestamp_ms: int,
+    ) -> None:
+        self.source = source
+        self.order = order
+        self.lo = lo
+        self.record_count = hi - lo
+        self.section_size = section_size  # the records section's bytes, uncompressed
+        self.base_timestamp_ms = base_timestamp_ms
+        self.max_timestamp_ms = max_timestamp_ms
+
+    def _encode(self, out: bytearray | memoryview, offset: int) -> int:
+        encode = speedups.encode_records
+        assert encode is not None
+        src = self.source
+        try:
+            return encode(
+                src.values,
+                src.keys,
+                src.timestamps,
+                self.order,
+                self.lo,
+                self.lo + self.record_count,
+                self.base_timestamp_ms,
+                out,
+                offset,
+                src.headers,
+            )
+        except _C_ERRORS as exc:
+            raise EncodeError(f"encoding records: {exc}") from None
+
+    def write_into(
+        self,
+        buf: memoryview,
+        offset: int,
+        *,
+        compression: int = NONE,
+        level: int | None = None,
+    ) -> int:
+        """Writes the whole batch at ``buf[offset:]``, CRC last; returns its end offset
+        (EncodeError when it does not fit)."""
+        if compression != NONE:
+            section = bytearray(self.section_size)
+            self._encode(section, 0)
+            return write_batch(
+                buf,
+                offset,
+                section,
+                record_count=self.record_count,
+                base_timestamp_ms=self.base_timestamp_ms,
+                max_timestamp_ms=self.max_timestamp_ms,
+                compression=compression,
+                level=level,
+            )
+        if len(buf) - offset < HEADER_SIZE + self.section_size:
+            raise EncodeError(
+                f"batch of {HEADER_SIZE + self.section_size} bytes does not fit in "
+                f"{len(buf) - offset}"
+            )
+        end = self._encode(buf, offset + HEADER_SIZE)
+        if end != offset + HEADER_SIZE + self.section_size:  # a changed source: never
+            raise EncodeError("rows changed while they were encoded")
+        write_batch_header(
+            buf,
+            offset,
+            end,
+            attributes=batch_attributes(NONE),
+            record_count=self.record_count,
+            base_timestamp_ms=self.base_timestamp_ms,
+            max_timestamp_ms=self.max_timestamp_ms,
+        )
+        return end
+
+
+def plan(
+    source: Source,
+    order: npt.NDArray[np.intp] | None,
+    ranges: list[tuple[int, int, int]],
+    budget: int,
+) -> list[tuple[int, DirectBatch]]:
+    """The source's rows cut into (partition, batch) with at most ``budget`` bytes of
+    records each. ``order``: the rows sorted by partition (None: as they are);
+    ``ranges``: (partition, lo, hi) over the sorted rows."""
+    cut = speedups.plan_batches
+    assert cut is not None
+    order64 = None if order is None else order.astype(np.int64, copy=False)
+    ends = [hi for *_, hi in ranges]
+    try:
+        cuts = cut(
+            source.values, source.keys, source.timestamps, order64, ends, budget, source.headers
+        )
+    except _C_ERRORS as exc:
+        raise EncodeError(f"cutting records into batches: {exc}") from None
+    out: list[tuple[int, DirectBatch]] = []
+    k = 0
+    for lo, hi, size, base, top in cuts:
+        while lo >= ranges[k][2]:
+            k += 1
+        out.append((ranges[k][0], DirectBatch(source, order64, lo, hi, size, base, top)))
+    return out

@@ -1,0 +1,294 @@
+"""Rows written straight into a buffer by the C extension (shmprod._speedups:
+plan_batches, encode_records, staged_lengths; shmprod.worker.direct), as a flush of
+``send()``'s staged rows and ``send_batch`` use it: from lists of bytes or from Arrow
+buffers, batches byte-identical to the per-record encoder's, cut within the byte budget
+and never across a partition, and a typed error, never a crash or a read or write past
+a buffer, for bad arguments."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shmprod import speedups
+from shmprod.errors import EncodeError
+from shmprod.protocol.compression import LZ4
+from shmprod.protocol.records import (
+    HEADER_SIZE,
+    NewRecord,
+    decode_batches,
+    encode_batch,
+    encode_headers,
+)
+from shmprod.worker.direct import Source, arrow_source, plan, staged_source
+from shmprod.worker.staging import Stage
+
+pytestmark = pytest.mark.skipif(not speedups.ACCELERATED, reason="the C extension is not in use")
+
+BIG_TS = (1 << 63) - 1
+
+blobs = st.one_of(st.none(), st.binary(max_size=300))
+stamps = st.one_of(
+    st.integers(0, 2_000_000_000_000),
+    st.sampled_from([0, 1, BIG_TS, BIG_TS - 1, 1 << 55, (1 << 55) + 1]),
+)
+
+
+@st.composite
+def rows(draw: Any) -> tuple[list[Any], list[Any], list[int], np.ndarray | None, list[int]]:
+    n = draw(st.integers(1, 40))
+    values = draw(st.lists(blobs, min_size=n, max_size=n))
+    keys = draw(st.lists(blobs, min_size=n, max_size=n))
+    ts = draw(st.lists(stamps, min_size=n, max_size=n))
+    order = None
+    if draw(st.booleans()):
+        order = np.array(draw(st.permutations(range(n))), np.int64)
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=5))) if n > 1 else []
+    return values, keys, ts, order, [*cuts, n]
+
+
+headers_st = st.one_of(
+    st.none(),
+    st.lists(
+        st.tuples(st.text(max_size=5), st.one_of(st.none(), st.binary(max_size=8))),
+        min_size=1,
+        max_size=3,
+    ),
+)
+
+
+def _arrow(items: list[Any], large: bool, pad: int) -> pa.Array:
+    """``items`` as an Arrow array, sliced out of a longer one when ``pad``."""
+    arr = pa.array(
+        [b"pad"] * pad + items + [b"tail"] * pad, pa.large_binary() if large else pa.binary()
+    )
+    return arr.slice(pad, len(items))
+
+
+@st.composite
+def sources(draw: Any) -> tuple[Source, list[Any], list[Any], list[int], list[Any]]:
+    """A source in one of its forms, and the rows it holds (values, keys, timestamps,
+    headers of every record)."""
+    values, keys, ts, order, ends = draw(rows())
+    headers = draw(headers_st)
+    form = draw(st.sampled_from(["list", "arrow", "arrow-large"]))
+    if form == "list":
+        source = Source(values, keys, ts, encode_headers(headers) if headers else b"\x00")
+        return source, values, keys, ts, [order, ends, headers or []]
+    pad = draw(st.integers(0, 3))
+    one_ts = draw(st.booleans())
+    if one_ts:
+        ts = [ts[0]] * len(values)
+    no_keys = all(k is None for k in keys)
+    got = arrow_source(
+        _arrow(values, form == "arrow-large", pad),
+        None if no_keys else _arrow(keys, form == "arrow-large", pad),
+        ts[0] if one_ts else np.array(ts, np.int64),
+        headers,
+    )
+    assert got is not None
+    return got, values, keys, ts, [order, ends, headers or []]
+
+
+def _reference(
+    values: list[Any], keys: list[Any], ts: list[int], rows: list[int], base: int, headers: Any = ()
+) -> bytes:
+    return encode_batch(
+        [NewRecord(keys[r], values[r], headers, ts[r]) for r in rows], base_timestamp_ms=base
+    )
+
+
+def _stage(values: list[Any], keys: list[Any], ts: list[int]) -> Stage:
+    stage = Stage("t", 0, threading.Lock())
+    stage.values, stage.keys, stage.timestamps = values, keys, ts
+    stage.n = len(values)
+    return stage
+
+
+@settings(max_examples=300, deadline=None)
+@given(sources(), st.integers(1, 2000))
+def test_batches_match_the_per_record_encoder(case: Any, budget: int) -> None:
+    source, values, keys, ts, (order, ends, headers) = case
+    n = len(values)
+    sorted_rows = list(range(n)) if order is None else order.tolist()
+    parts = {}
+    lo = 0
+    for p, hi in enumerate(ends):
+        parts[p] = (lo, hi)
+        lo = hi
+    todo = plan(source, order, [(p, lo, hi) for p, (lo, hi) in parts.items()], budget)
+    assert todo[0][1].lo == 0
+    assert sum(b.record_count for _, b in todo) == n
+    for (_, a), (_, b) in itertools.pairwise(todo):
+        assert a.lo + a.record_count == b.lo  # contiguous
+    for p, batch in todo:
+        lo, hi = batch.lo, batch.lo + batch.record_count
+        assert parts[p][0] <= lo < hi <= parts[p][1]  # never across a partition's end
+        assert batch.section_size <= budget or hi - lo == 1  # a record too big: alone
+        batch_rows = sorted_rows[lo:hi]
+        base = batch.base_timestamp_ms
+        assert base == ts[batch_rows[0]]
+        assert batch.max_timestamp_ms == max(ts[r] for r in batch_rows)
+        want = _reference(values, keys, ts, batch_rows, base, headers)
+        assert len(want) == HEADER_SIZE + batch.section_size
+        out = bytearray(len(want) + 7)
+        end = batch.write_into(memoryview(out), 3)
+        assert end == 3 + len(want)
+        assert bytes(out[3:end]) == want
+        if hi < parts[p][1]:  # the batch is full: the next record does not fit
+            longer = _reference(values, keys, ts, sorted_rows[lo : hi + 1], base, headers)
+            assert len(longer) - HEADER_SIZE > budget
+
+
+@settings(max_examples=100, deadline=None)
+@given(sources())
+def test_compressed_batches_decode_to_the_rows(case: Any) -> None:
+    source, values, keys, ts, (order, _ends, headers) = case
+    sorted_rows = list(range(len(values))) if order is None else order.tolist()
+    ranges = [(0, 0, len(values))]
+    for _, batch in plan(source, order, ranges, 1 << 20):
+        buf = bytearray(HEADER_SIZE + batch.section_size + 1024)
+        end = batch.write_into(memoryview(buf), 0, compression=LZ4)
+        (decoded,) = decode_batches(bytes(buf[:end]))
+        got = [(r.key, r.value, r.timestamp_ms, r.headers) for r in decoded.records]
+        rows_ = sorted_rows[batch.lo : batch.lo + batch.record_count]
+        assert got == [(keys[r], values[r], ts[r], list(headers)) for r in rows_]
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows())
+def test_staged_lengths(case: Any) -> None:
+    values, keys, *_ = case
+    assert speedups.staged_lengths is not None
+    out = np.full(len(values), -7, np.int64)
+    speedups.staged_lengths(values, keys, out)
+    assert out.tolist() == [
+        len(v or b"") + len(k or b"") for v, k in zip(values, keys, strict=True)
+    ]
+
+
+def test_plan_maps_partitions_and_stages_with_headers_stay_out() -> None:
+    values = [b"v%d" % i for i in range(6)]
+    keys: list[bytes | None] = [None] * 6
+    stage = _stage(values, keys, [5] * 6)
+    source = staged_source(stage)
+    assert source is not None
+    order = np.array([1, 3, 5, 0, 2, 4], np.intp)
+    todo = plan(source, order, [(7, 0, 3), (2, 3, 6)], 1 << 20)
+    assert [(p, b.lo, b.record_count) for p, b in todo] == [(7, 0, 3), (2, 3, 3)]
+    stage.headers = [[] for _ in range(6)]
+    assert staged_source(stage) is None
+
+
+def test_other_arrow_types_stay_out() -> None:
+    ts = np.zeros(1, np.int64)
+    assert arrow_source(pa.array(["a"]), None, ts, None) is None  # string: not binary
+    assert arrow_source(pa.array([b"a"]), pa.array(["k"]), ts, None) is None
+    assert arrow_source(pa.array([b"a"], pa.binary_view()), None, ts, None) is None
+
+
+def test_arrow_buffers_that_lie_are_refused() -> None:
+    """Offsets past the data buffer, a short offsets or validity buffer: a typed error,
+    never a read outside the buffers."""
+    encode = speedups.encode_records
+    assert encode is not None
+    data = b"abcdef"
+    good = np.array([0, 3, 6], np.int32).tobytes()
+    out = bytearray(256)
+    assert encode((2, 0, 4, None, good, data), None, 1, None, 0, 2, 1, out, 0) > 0
+    cases = [
+        ((2, 0, 4, None, np.array([0, 3, 7], np.int32).tobytes(), data), ValueError),
+        ((2, 0, 4, None, np.array([0, 4, 3], np.int32).tobytes(), data), ValueError),
+        ((2, 0, 4, None, np.array([-1, 3, 6], np.int32).tobytes(), data), ValueError),
+        ((2, 0, 4, None, good[:8], data), ValueError),  # offsets too short
+        ((2, 1, 4, None, good, data), ValueError),  # the array's offset runs past them
+        ((2, 0, 8, None, good, data), ValueError),  # int64 offsets: too short
+        ((2, 0, 4, b"", good, data), ValueError),  # validity too short
+        ((2, 0, 3, None, good, data), ValueError),  # width
+        ((-1, 0, 4, None, good, data), ValueError),
+        ((2, 0, 4, None, good, None), ValueError),  # offsets into no data
+        ((2, 0, 4, None, 5, data), TypeError),
+        ((2, 0, 4, None, good), TypeError),
+    ]
+    for col, error in cases:
+        with pytest.raises(error):
+            encode(col, None, 1, None, 0, 2, 1, out, 0)
+
+
+def test_a_buffer_too_small_is_an_error_not_an_overrun() -> None:
+    source = Source([b"x" * 100], [b"k"], [1], b"\x00")
+    ((_, batch),) = plan(source, None, [(0, 0, 1)], 1000)
+    buf = bytearray(HEADER_SIZE + batch.section_size + 16)
+    with pytest.raises(EncodeError):
+        batch.write_into(memoryview(buf)[: HEADER_SIZE + batch.section_size - 1], 0)
+    encode = speedups.encode_records
+    assert encode is not None
+    guard = bytearray(b"\xee" * 64)
+    with pytest.raises(ValueError, match="do not fit"):
+        encode([b"x" * 100], [b"k"], [1], None, 0, 1, 1, memoryview(guard)[:32], 0)
+    assert guard[32:] == b"\xee" * 32
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (([b"a"], [None], [1], None, [1], 10), None),
+        (([b"a"], [None, None], [1], None, [1], 10), ValueError),  # lengths differ
+        ((b"a", [None], [1], None, [1], 10), TypeError),  # not a list
+        (([bytearray(b"a")], [None], [1], None, [1], 10), TypeError),  # not bytes
+        (([b"a"], ["k"], [1], None, [1], 10), TypeError),
+        (([b"a"], [None], [1.5], None, [1], 10), TypeError),
+        (([b"a"], [None], 1.5, None, [1], 10), TypeError),
+        (([b"a"], [None], -3, None, [1], 10), ValueError),
+        (([b"a"], [None], np.array([1], np.int32), None, [1], 10), TypeError),
+        (([b"a"], [None], np.array([1, 2], np.int64), None, [1], 10), ValueError),
+        (([b"a"], [None], np.array([-1], np.int64), None, [1], 10), ValueError),
+        (([b"a"], [None], [-1], None, [1], 10), ValueError),
+        (([b"a"], [None], [1 << 64], None, [1], 10), OverflowError),
+        (([b"a"], [None], [1], np.array([1], np.int64), [1], 10), IndexError),
+        (([b"a"], [None], [1], np.array([-1], np.int64), [1], 10), IndexError),
+        (([b"a"], [None], [1], np.array([0], np.int32), [1], 10), TypeError),
+        (([b"a"], [None], [1], np.array([0, 0], np.int64), [1], 10), ValueError),
+        (([b"a"], [None], [1], None, [2], 10), ValueError),  # ends past the rows
+        (([b"a", b"b"], [None, None], [1, 1], None, [1], 10), ValueError),  # short
+        (([b"a", b"b"], [None, None], [1, 1], None, [2, 1], 10), ValueError),
+        (([b"a"], [None], [1], None, (1,), 10), TypeError),
+    ],
+)
+def test_bad_arguments_raise(args: tuple[Any, ...], error: type[Exception] | None) -> None:
+    plan = speedups.plan_batches
+    encode = speedups.encode_records
+    assert plan is not None and encode is not None
+    values, keys, ts, order, _ends, _budget = args
+    if error is None:
+        plan(*args)
+        return
+    with pytest.raises(error):
+        plan(*args)
+    one_row = isinstance(values, list) and isinstance(keys, list) and len(values) == len(keys) == 1
+    if one_row and _ends == [1]:  # encode_records takes the same rows: the same error
+        with pytest.raises(error):
+            encode(values, keys, ts, order, 0, 1, 0, bytearray(64), 0)
+
+
+@pytest.mark.parametrize("bounds", [(-1, 1, 0), (0, 2, 0), (1, 0, 0), (0, 1, -1), (0, 1, 65)])
+def test_encode_checks_rows_and_offset(bounds: tuple[int, int, int]) -> None:
+    encode = speedups.encode_records
+    assert encode is not None
+    lo, hi, offset = bounds
+    with pytest.raises(ValueError):
+        encode([b"a"], [None], [1], None, lo, hi, 1, bytearray(64), offset)
+
+
+def test_read_only_output_is_refused() -> None:
+    encode = speedups.encode_records
+    assert encode is not None
+    with pytest.raises(TypeError):
+        encode([b"a"], [None], [1], None, 0, 1, 1, b"\x00" * 64, 0)

@@ -209,3 +209,28 @@ def test_large_arrow_types_with_keys(fake: FakeSender, w: Worker, large: pa.Data
     assert len(md) == 3
     got = {(r.key, r.value) for part in fake.records("events").values() for r in part}
     assert got == {(b"k1", b"v1"), (None, b"v2"), (b"k3", None)}
+
+
+def test_runs_are_asked_for_as_needed_and_none_is_held_back() -> None:
+    """Batches of several run lengths (full 512 KiB batches in runs of 4 buffers, each
+    partition's remainder in a shorter run): each Alloc asks for no more runs of a
+    length than batches still need it, so no unused run is held while the process waits
+    for another length (8 processes holding such runs once starved the pool until
+    max_block_ms) and none has to be given back."""
+    with (
+        FakeSender(batch_size=512 * 1024, buffer_memory=16 * 1024 * 1024) as fake,
+        attach(fake.handle) as w,
+    ):
+        assert fake.geo.buffer_size == 128 * 1024
+        rows = 2300  # per partition: 4 full batches and a remainder
+        values = pa.array([os.urandom(1000) for _ in range(4 * rows)], pa.binary())
+        parts = np.repeat(np.arange(4, dtype=np.int32), rows)
+        w.send_batch("events", values, partitions=parts).result(10)
+        runs = [b.run for b in fake.landed]
+        assert len(runs) == 20 and runs.count(4) == 16, runs
+        for length in set(runs) - {1}:
+            asked = sum(a.count for a in fake.allocs if a.run == length)
+            assert asked <= runs.count(length), (length, asked, runs)
+        assert not any(r.run > 1 for r in fake.releases), fake.releases
+        got = fake.records("events")
+        assert [len(got[p]) for p in range(4)] == [rows] * 4

@@ -359,6 +359,11 @@ def _check_sizes(w: Worker, cols: Columns) -> None:
         )
 
 
+def _run_of(geo: Any, size: int) -> int:
+    """Adjacent buffers a batch of ``size`` bytes is written into."""
+    return 1 if size <= geo.buffer_size else int(geo.buffers_for(size))
+
+
 class _Writer:
     """Writes encoded batches into granted buffers and hands them over in windows."""
 
@@ -378,6 +383,9 @@ class _Writer:
         self.created_ns = created_ns  # when its records were first sent (KIP-91)
         self.used = 0  # buffers written
         self.estimate = estimate  # batches still expected (for Alloc windows)
+        # run length -> batches still to write that need it, when the batches are known
+        # (Alloc windows then ask for no more runs of a length than will be used)
+        self.need: Counter[int] | None = None
         self.buffers: dict[int, list[int]] = {}  # run length -> runs in hand (first buffers)
         self.pending: list[tuple[int, int, int, int, int, BatchOutcome, int]] = []
         self.outcomes: list[BatchOutcome] = []
@@ -402,15 +410,22 @@ class _Writer:
 
     def buffer(self, run: int) -> int:
         """A granted run of ``run`` buffers: one in hand, else a window of them asked for
-        at once (the batches still expected, bounded), after handing over what is written
-        so the sender can free buffers meanwhile. Runs in: worker, state lock NOT held."""
+        at once (the batches still expected that need this length, bounded), after
+        handing over what is written so the sender can free buffers meanwhile. When the
+        pool is more than half used, the runs in hand of other lengths go back first, so
+        a process that may wait holds no unused run: with several processes each holding
+        runs of one length while waiting for another, the pool ran dry and every one of
+        them waited out max_block_ms. Runs in: worker, state lock NOT held."""
         w = self.w
         held = self.buffers.get(run)
         if held:
             return held.pop()
         self.hand_over()
+        if w._pool_free() * 2 < w._geo.n_buffers:
+            self.give_back()
         with w._lock:
-            window = max(1, min(self.estimate, _MAX_WINDOW // run, w._geo.n_buffers // (8 * run)))
+            want = self.estimate if self.need is None else self.need[run]
+            window = max(1, min(want, _MAX_WINDOW // run, w._geo.n_buffers // (8 * run)))
             held = self.buffers[run] = w._obtain_locked(run, window, self.deadline)
         return held.pop()
 
@@ -419,9 +434,10 @@ class _Writer:
         set). Runs in: worker, no lock: the buffer is this call's alone until handed over."""
         w = self.w
         geo = w._geo
-        size = HEADER_SIZE + batch.section_size
-        run = 1 if size <= geo.buffer_size else geo.buffers_for(size)
+        run = _run_of(geo, HEADER_SIZE + batch.section_size)
         buf = self.buffer(run)
+        if self.need is not None:
+            self.need[run] -= 1
         start = geo.buffer(buf)
         mv = w._view[start : start + geo.run_bytes(run)]
         self.used += run
@@ -620,6 +636,8 @@ def _hand(
     worker, holding the flush turn, state lock NOT held."""
     writer = _Writer(w, entry, slots, estimate, hook, created_ns)
     geo = w._geo
+    if isinstance(todo, list):  # every batch known: windows of exactly what is needed
+        writer.need = Counter(_run_of(geo, HEADER_SIZE + b.section_size) for _, b in todo)
     small = max(_ATOMIC_MIN, geo.n_buffers // 8)
     if writer.estimate <= small:
         # a few batches: every buffer first (all or nothing, waiting at most
@@ -627,6 +645,7 @@ def _hand(
         # staged and refuses the new one, send_batch raises at the call
         todo = list(todo)
         sizes = [HEADER_SIZE + b.section_size for _, b in todo]
+        writer.need = Counter(_run_of(geo, size) for size in sizes)
         if len(todo) <= small and max(sizes, default=0) <= max(geo.buffer_size, w._batch_size):
             runs = Counter(geo.buffers_for(size) for size in sizes)
             if sum(run * count for run, count in runs.items()) <= small:

@@ -665,6 +665,16 @@ col_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
     return 0;
 }
 
+/* A buffer of native int64 items (numpy int64 exports "l" or "q"). */
+static int
+is_int64(const Py_buffer *v)
+{
+    const char *f = v->format;
+    return v->itemsize == 8 && f != NULL &&
+           (!strcmp(f, "q") || !strcmp(f, "l") || !strcmp(f, "<q") || !strcmp(f, "<l") ||
+            !strcmp(f, "=q") || !strcmp(f, "=l"));
+}
+
 enum { TS_ONE, TS_LIST, TS_ARRAY };
 
 typedef struct {
@@ -706,10 +716,7 @@ ts_get(Stamps *t, PyObject *obj)
         return -1;
     }
     t->held = 1;
-    const char *f = t->view.format;
-    if (t->view.itemsize != 8 || f == NULL ||
-        (strcmp(f, "q") && strcmp(f, "l") && strcmp(f, "<q") && strcmp(f, "<l") &&
-         strcmp(f, "=q") && strcmp(f, "=l"))) {
+    if (!is_int64(&t->view)) {
         PyErr_SetString(PyExc_TypeError, "timestamps must be an int, a list or an int64 array");
         PyBuffer_Release(&t->view);
         t->held = 0;
@@ -809,10 +816,7 @@ rows_get(Rows *r, PyObject *values, PyObject *keys, PyObject *stamps, PyObject *
             goto fail;
         }
         r->has_order = 1;
-        const char *f = r->order_view.format;
-        if (r->order_view.itemsize != 8 || f == NULL ||
-            (strcmp(f, "q") && strcmp(f, "l") && strcmp(f, "<q") && strcmp(f, "<l") &&
-             strcmp(f, "=q") && strcmp(f, "=l"))) {
+        if (!is_int64(&r->order_view)) {
             PyErr_SetString(PyExc_TypeError, "order must be an int64 array");
             goto fail;
         }

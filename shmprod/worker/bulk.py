@@ -359,11 +359,6 @@ def _check_sizes(w: Worker, cols: Columns) -> None:
         )
 
 
-def _run_of(geo: Any, size: int) -> int:
-    """Adjacent buffers a batch of ``size`` bytes is written into."""
-    return 1 if size <= geo.buffer_size else int(geo.buffers_for(size))
-
-
 class _Writer:
     """Writes encoded batches into granted buffers and hands them over in windows."""
 
@@ -434,7 +429,7 @@ class _Writer:
         set). Runs in: worker, no lock: the buffer is this call's alone until handed over."""
         w = self.w
         geo = w._geo
-        run = _run_of(geo, HEADER_SIZE + batch.section_size)
+        run = geo.buffers_for(HEADER_SIZE + batch.section_size)
         buf = self.buffer(run)
         if self.need is not None:
             self.need[run] -= 1
@@ -611,11 +606,11 @@ def _write_direct(
     written straight from the staged bytes (:mod:`shmprod.worker.direct`); None when
     the stage cannot go that way. ``parts``: the partition of each kept row. Runs in:
     worker, holding the flush turn, state lock NOT held."""
-    order, ranges = _order(parts)
-    rows = order if keep is None else (keep if order is None else keep[order])
     source = staged_source(stage)
     if source is None:
         return None
+    order, ranges = _order(parts)
+    rows = order if keep is None else (keep if order is None else keep[order])
     todo = direct_plan(source, rows, ranges, w._batch_size - HEADER_SIZE)
     outcomes, counts = _hand(w, entry, slots, todo, len(todo), len(parts), "sealed", created_ns)
     return order, outcomes, counts
@@ -636,20 +631,22 @@ def _hand(
     worker, holding the flush turn, state lock NOT held."""
     writer = _Writer(w, entry, slots, estimate, hook, created_ns)
     geo = w._geo
-    if isinstance(todo, list):  # every batch known: windows of exactly what is needed
-        writer.need = Counter(_run_of(geo, HEADER_SIZE + b.section_size) for _, b in todo)
     small = max(_ATOMIC_MIN, geo.n_buffers // 8)
     if writer.estimate <= small:
+        todo = list(todo)
+    if isinstance(todo, list):  # every batch known: windows of exactly what is needed
+        sizes = [HEADER_SIZE + b.section_size for _, b in todo]
+        writer.need = Counter(geo.buffers_for(size) for size in sizes)
         # a few batches: every buffer first (all or nothing, waiting at most
         # max_block_ms), so a full pool hands nothing over: send() keeps its records
         # staged and refuses the new one, send_batch raises at the call
-        todo = list(todo)
-        sizes = [HEADER_SIZE + b.section_size for _, b in todo]
-        writer.need = Counter(_run_of(geo, size) for size in sizes)
-        if len(todo) <= small and max(sizes, default=0) <= max(geo.buffer_size, w._batch_size):
-            runs = Counter(geo.buffers_for(size) for size in sizes)
-            if sum(run * count for run, count in runs.items()) <= small:
-                writer.reserve(runs)
+        if (
+            writer.estimate <= small
+            and len(todo) <= small
+            and max(sizes, default=0) <= max(geo.buffer_size, w._batch_size)
+            and sum(run * count for run, count in writer.need.items()) <= small
+        ):
+            writer.reserve(writer.need)
     try:
         for p, batch in todo:
             writer.write(batch, p)

@@ -344,14 +344,37 @@ def _check(cfg: ProducerConfig) -> None:
         if cfg.retries < 1:
             raise ConfigError("enable_idempotence needs retries >= 1")
     _int(cfg, "metadata_max_age_ms", 0)
-    from shmprod.partitioner import get_partitioner
-
-    get_partitioner(cfg.partitioner)
+    _check_partitioner(cfg.partitioner)
     for name in ("key_serializer", "value_serializer"):
         fn = getattr(cfg, name)
         if fn is not None and not callable(fn):
             raise ConfigError(f"option {name!r} must be callable, got {fn!r}")
     _check_security(cfg)
+
+
+PARTITIONER_NAMES: Final = ("murmur2", "murmur2_random", "round_robin")
+"""The built-in partitioners (shmprod.partitioner makes them)."""
+
+
+def check_partitioner_name(name: str) -> None:
+    """ConfigError unless ``name`` is a built-in partitioner."""
+    if name not in PARTITIONER_NAMES:
+        raise ConfigError(
+            f"unknown partitioner {name!r}; expected one of {', '.join(PARTITIONER_NAMES)} "
+            "or a callable (key, num_partitions) -> partition"
+        )
+
+
+def _check_partitioner(spec: object) -> None:
+    """A built-in name is checked here, so a process that never partitions (the sender)
+    does not load the partitioner's numpy and Arrow code; callables and instances are
+    checked by shmprod.partitioner."""
+    if isinstance(spec, str):
+        check_partitioner_name(spec)
+        return
+    from shmprod.partitioner import get_partitioner
+
+    get_partitioner(spec)  # type: ignore[arg-type]  # it raises ConfigError for the rest
 
 
 def _opt_str(cfg: ProducerConfig, name: str) -> str | None:

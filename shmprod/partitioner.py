@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from shmprod.config import PARTITIONER_NAMES, check_partitioner_name
 from shmprod.errors import ConfigError, EncodeError, ShmprodError
 from shmprod.protocol.columns import to_binary_array, valid_mask
 
@@ -687,8 +688,8 @@ _FACTORIES: Final[dict[str, Callable[[], Partitioner]]] = {
     "round_robin": RoundRobinPartitioner,
 }
 
-PARTITIONER_NAMES: Final = tuple(_FACTORIES)
-"""Names :func:`get_partitioner` accepts; "murmur2" is the default."""
+if tuple(_FACTORIES) != PARTITIONER_NAMES:  # config checks the names without this module
+    raise ImportError("shmprod.config.PARTITIONER_NAMES and the partitioners differ")
 
 
 def get_partitioner(spec: str | KeyPartitionFn | Partitioner = "murmur2") -> Partitioner:
@@ -700,13 +701,8 @@ def get_partitioner(spec: str | KeyPartitionFn | Partitioner = "murmur2") -> Par
     if isinstance(spec, Partitioner):
         return spec
     if isinstance(spec, str):
-        factory = _FACTORIES.get(spec)
-        if factory is None:
-            raise ConfigError(
-                f"unknown partitioner {spec!r}; expected one of {', '.join(PARTITIONER_NAMES)} "
-                "or a callable (key, num_partitions) -> partition"
-            )
-        return factory()
+        check_partitioner_name(spec)
+        return _FACTORIES[spec]()
     if callable(spec):
         return CallablePartitioner(spec)
     raise ConfigError(f"partitioner must be a name or a callable, got {type(spec).__name__}")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shmprod import __version__
-from shmprod.connection import parse_bootstrap
+from shmprod.config import parse_bootstrap
 from shmprod.errors import ShmprodError
 from shmprod.worker.topics import validate_topic
 

@@ -49,7 +49,7 @@ import difflib
 import os
 import re
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -220,6 +220,23 @@ class ProducerConfig:
         return out
 
 
+def parse_bootstrap(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"h1:9092,h2:9093"`` or a list of ``"host:port"`` into ``[(host, port), ...]``."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out: list[tuple[str, int]] = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port_s = item.rpartition(":")
+        if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+            raise ValueError(f"bootstrap server {item!r} is not host:port")
+        out.append((host.strip("[]"), int(port_s)))
+    if not out:
+        raise ValueError("bootstrap_servers names no server")
+    return out
+
+
 def unknown_option(raw: str) -> ConfigError:
     """The error for an option name nobody knows, with the closest valid names."""
     known = sorted({f.name for f in dataclasses.fields(ProducerConfig)} | set(JAVA_NAMES))
@@ -281,8 +298,6 @@ def _set(cfg: ProducerConfig, name: str, value: Any) -> None:
 def _check(cfg: ProducerConfig) -> None:
     if not isinstance(cfg.bootstrap_servers, str) or not cfg.bootstrap_servers.strip():
         raise ConfigError("option 'bootstrap_servers' is required: 'host:port[,host:port...]'")
-    from shmprod.connection import parse_bootstrap
-
     try:
         parse_bootstrap(cfg.bootstrap_servers)
     except ValueError as exc:

@@ -62,23 +62,6 @@ R = TypeVar("R", bound=Response)
 Buffer = bytes | bytearray | memoryview
 
 
-def parse_bootstrap(servers: str | Sequence[str]) -> list[tuple[str, int]]:
-    """``"h1:9092,h2:9093"`` or a list of ``"host:port"`` into ``[(host, port), ...]``."""
-    items = servers.split(",") if isinstance(servers, str) else list(servers)
-    out: list[tuple[str, int]] = []
-    for item in items:
-        item = item.strip()
-        if not item:
-            continue
-        host, sep, port_s = item.rpartition(":")
-        if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
-            raise ValueError(f"bootstrap server {item!r} is not host:port")
-        out.append((host.strip("[]"), int(port_s)))
-    if not out:
-        raise ValueError("bootstrap_servers names no server")
-    return out
-
-
 def sendmsg_all(sock: socket.socket, segments: Sequence[Buffer]) -> int:
     """Sends every segment with ``sendmsg`` (gather write), resuming after partial sends.
 

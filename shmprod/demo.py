@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shmprod.broker import EmbeddedBroker
-from shmprod.connection import BrokerConnection, parse_bootstrap
+from shmprod.config import parse_bootstrap
+from shmprod.connection import BrokerConnection
 from shmprod.errors import KafkaError, ShmprodError
 from shmprod.handle import Handle
 from shmprod.producer import Producer

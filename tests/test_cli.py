@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from shmprod.connection import BrokerConnection, parse_bootstrap
+from shmprod.config import parse_bootstrap
+from shmprod.connection import BrokerConnection
 
 pytestmark = pytest.mark.broker
 

@@ -29,8 +29,7 @@ from enum import Enum
 
 from shmprod import ipc
 from shmprod import layout as L
-from shmprod.config import ProducerConfig
-from shmprod.connection import parse_bootstrap
+from shmprod.config import ProducerConfig, parse_bootstrap
 from shmprod.errors import (
     CorruptBatchError,
     DeliveryTimeoutError,

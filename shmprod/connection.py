@@ -22,16 +22,15 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
+from shmprod import __version__
 from shmprod.errors import (
     AuthenticationError,
     DecodeError,
     KafkaConnectionError,
-    KafkaError,
     SslAuthenticationError,
 )
-from shmprod.protocol.frames import FrameDecoder, UnsupportedVersionError, peek_correlation_id
+from shmprod.protocol.frames import FrameDecoder, peek_correlation_id
 from shmprod.protocol.messages import (
-    ApiVersionsRequest,
     ApiVersionsResponse,
     CreatableTopic,
     CreateTopicsRequest,
@@ -49,6 +48,7 @@ from shmprod.protocol.messages import (
     Request,
     Response,
     TopicProduceData,
+    VersionsHandshake,
     decode_response,
     encode_request_segments,
     version_for,
@@ -210,19 +210,13 @@ class BrokerConnection:
     # -- versions ---------------------------------------------------------------
 
     def _negotiate(self) -> None:
-        """ApiVersions v3, falling back to the version the broker says it speaks (KIP-511)."""
-        version = ApiVersionsRequest.VERSIONS[1]
-        for _ in range(2):
-            resp = self.request(ApiVersionsRequest(), ApiVersionsResponse, version)
-            offered = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
-            if resp.error_code == 35 and 18 in offered:  # UNSUPPORTED_VERSION
-                version = min(version, offered[18][1])
-                continue
-            if resp.error_code:
-                raise KafkaError(resp.error_code, f"ApiVersions from {self.host}:{self.port}")
-            self.api_versions = offered
-            return
-        raise UnsupportedVersionError(f"{self.host}:{self.port}: no common ApiVersions version")
+        """ApiVersions by the shared :class:`VersionsHandshake` (v3, stepping down, KIP-511)."""
+        hs = VersionsHandshake(f"{self.host}:{self.port}", __version__)
+        while True:  # each retry asks a lower version: at most four rounds
+            offered = hs.answer(self.request(hs.request(), ApiVersionsResponse, hs.version))
+            if offered is not None:
+                self.api_versions = offered
+                return
 
     def version_for(self, api_key: int) -> int:
         """Highest version of ``api_key`` both shmprod and this broker speak."""

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmprod.errors import DecodeError, EncodeError, ProtocolError
+from shmprod.errors import DecodeError, EncodeError, KafkaError, ProtocolError
 from shmprod.protocol import error_codes
 from shmprod.protocol.frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -72,6 +72,7 @@ from shmprod.protocol.messages import (
     Struct,
     TopicProduceData,
     TopicProduceResponse,
+    VersionsHandshake,
     choose_version,
     decode_body,
     decode_request,
@@ -931,3 +932,48 @@ def test_frame_decoder_big_frame_in_many_chunks() -> None:
     for i in range(0, len(stream), 65536):
         out += decoder.feed(stream[i : i + 65536])
     assert out == [payload]
+
+
+# ---------------------------------------------------------------------------------------
+# The ApiVersions handshake (sans-IO; both connection kinds use it)
+# ---------------------------------------------------------------------------------------
+
+
+def _versions_answer(code: int, api_versions_max: int | None) -> ApiVersionsResponse:
+    keys = (
+        [] if api_versions_max is None else [ApiVersion(api_key=18, max_version=api_versions_max)]
+    )
+    keys.append(ApiVersion(api_key=0, min_version=3, max_version=9))
+    return ApiVersionsResponse(error_code=code, api_keys=keys)
+
+
+def test_the_handshake_takes_the_first_accepted_answer() -> None:
+    hs = VersionsHandshake("b:1", "1.2.3")
+    assert hs.version == 3
+    req = hs.request()
+    assert (req.client_software_name, req.client_software_version) == ("shmprod", "1.2.3")
+    assert hs.answer(_versions_answer(0, 3)) == {18: (0, 3), 0: (3, 9)}
+
+
+def test_the_handshake_steps_down_to_what_the_broker_speaks() -> None:
+    hs = VersionsHandshake("b:1", "1")
+    assert hs.answer(_versions_answer(error_codes.UNSUPPORTED_VERSION, 1)) is None
+    assert hs.version == 1  # the broker's highest
+    hs = VersionsHandshake("b:1", "1")
+    assert hs.answer(_versions_answer(error_codes.UNSUPPORTED_VERSION, 7)) is None
+    assert hs.version == 2  # a broker claiming more than it takes: one lower each round
+    for _ in range(2):
+        assert hs.answer(_versions_answer(error_codes.UNSUPPORTED_VERSION, 7)) is None
+    assert hs.version == 0
+    with pytest.raises(UnsupportedVersionError, match="b:1: no common ApiVersions version"):
+        hs.answer(_versions_answer(error_codes.UNSUPPORTED_VERSION, 7))
+
+
+def test_the_handshake_raises_other_answers() -> None:
+    with pytest.raises(KafkaError) as info:
+        VersionsHandshake("b:1", "1").answer(
+            _versions_answer(error_codes.UNSUPPORTED_VERSION, None)
+        )
+    assert info.value.code == error_codes.UNSUPPORTED_VERSION  # without a range to step to
+    with pytest.raises(KafkaError, match="ApiVersions from b:1"):
+        VersionsHandshake("b:1", "1").answer(_versions_answer(58, 3))

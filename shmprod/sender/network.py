@@ -58,21 +58,21 @@ from shmprod import __version__
 from shmprod.errors import (
     AuthenticationError,
     DecodeError,
+    KafkaError,
     ProtocolError,
     ShmprodError,
     SslAuthenticationError,
 )
-from shmprod.protocol import error_codes as ec
 from shmprod.protocol.frames import (
-    ApiKey,
     FrameDecoder,
+    UnsupportedVersionError,
     peek_correlation_id,
 )
 from shmprod.protocol.messages import (
-    ApiVersionsRequest,
     ApiVersionsResponse,
     Request,
     Response,
+    VersionsHandshake,
     decode_response,
     encode_request_segments,
     version_for,
@@ -180,7 +180,7 @@ class NodeConnection:
         self._quiet: dict[int, None] = {}
         # (segment, request, last segment of that request)
         self._out: deque[tuple[memoryview, InFlight, bool]] = deque()
-        self._apiversions_version = ApiVersionsRequest.VERSIONS[1]
+        self._handshake = VersionsHandshake(f"{host}:{port}", __version__)
         self._ssl_context = ssl_context
         self._sasl = sasl
         self._sasl_exchange: SaslExchange | None = None
@@ -532,24 +532,17 @@ class NodeConnection:
     # -- handshake -----------------------------------------------------------------------
 
     def _send_api_versions(self, now_ns: int) -> None:
-        req = ApiVersionsRequest(
-            client_software_name="shmprod", client_software_version=__version__
-        )
-        self.send(req, ApiVersionsResponse, _HANDSHAKE, now_ns, self._apiversions_version)
+        hs = self._handshake
+        self.send(hs.request(), ApiVersionsResponse, _HANDSHAKE, now_ns, hs.version)
 
     def _on_api_versions(self, resp: ApiVersionsResponse, now_ns: int) -> None:
-        offered = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
-        if resp.error_code == ec.UNSUPPORTED_VERSION and ApiKey.API_VERSIONS in offered:
-            lower = min(self._apiversions_version - 1, offered[ApiKey.API_VERSIONS][1])
-            if lower < 0:
-                raise ConnectionLost(f"{self.host}:{self.port}: no common ApiVersions version")
-            self._apiversions_version = lower
+        try:
+            offered = self._handshake.answer(resp)
+        except (KafkaError, UnsupportedVersionError) as exc:
+            raise ConnectionLost(str(exc)) from None
+        if offered is None:  # asked again at a lower version
             self._send_api_versions(now_ns)
             return
-        if resp.error_code:
-            raise ConnectionLost(
-                f"ApiVersions from {self.host}:{self.port} answered {ec.error_name(resp.error_code)}"
-            )
         self.api_versions = offered
         if self._sasl is None:
             self.state = ConnState.READY

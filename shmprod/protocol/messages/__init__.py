@@ -14,6 +14,7 @@ from shmprod.protocol.messages.api_versions import (
     ApiVersionsResponse,
     FinalizedFeatureKey,
     SupportedFeatureKey,
+    VersionsHandshake,
 )
 from shmprod.protocol.messages.codec import (
     REQUEST_TYPES,
@@ -141,6 +142,7 @@ __all__ = [
     "TopicProduceData",
     "TopicProduceResponse",
     "UnsupportedVersionError",
+    "VersionsHandshake",
     "choose_version",
     "decode_body",
     "decode_request",

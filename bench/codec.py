@@ -127,7 +127,7 @@ def run_vectorized(
         values, keys, ts, batch_size=batch_size, base_timestamp_ms=base
     ):
         at = sink.reserve(batch.max_size(codec))
-        sink.commit(at, batch.write_into(sink.view, at, compression=codec))
+        sink.commit(at, batch.write_into(sink.view, at, settings=R.BatchSettings(codec)))
         nb += 1
     return nb
 
@@ -139,7 +139,10 @@ def run_per_record(
     for base, recs in batches:
         at = sink.reserve(C.compress_bound(codec, batch_size) + R.HEADER_SIZE)
         sink.commit(
-            at, R.encode_batch_into(sink.view, at, recs, base_timestamp_ms=base, compression=codec)
+            at,
+            R.encode_batch_into(
+                sink.view, at, recs, base_timestamp_ms=base, settings=R.BatchSettings(codec)
+            ),
         )
     return len(batches)
 

@@ -268,7 +268,7 @@ def _ceiling(bootstrap: str, cell: dict[str, Any], records: int) -> dict[str, An
         ProduceResponse,
         TopicProduceData,
     )
-    from shmprod.protocol.records import NewRecord, encode_batch
+    from shmprod.protocol.records import BatchSettings, NewRecord, encode_batch
 
     size = cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0) + 10
     per_batch = max(1, BATCH_BYTES // size)
@@ -283,7 +283,7 @@ def _ceiling(bootstrap: str, cell: dict[str, Any], records: int) -> dict[str, An
         batch = encode_batch(
             [NewRecord(klist[i], vlist[i]) for i in rows],
             base_timestamp_ms=now,
-            compression=codec,
+            settings=BatchSettings(codec),
         )
         parts.append(PartitionProduceData(index=p, records=batch))
     req = ProduceRequest(

@@ -22,6 +22,7 @@ from shmprod.errors import EncodeError
 from shmprod.protocol.compression import LZ4
 from shmprod.protocol.records import (
     HEADER_SIZE,
+    BatchSettings,
     NewRecord,
     decode_batches,
     encode_batch,
@@ -155,7 +156,7 @@ def test_compressed_batches_decode_to_the_rows(case: Any) -> None:
     ranges = [(0, 0, len(values))]
     for _, batch in plan(source, order, ranges, 1 << 20):
         buf = bytearray(HEADER_SIZE + batch.section_size + 1024)
-        end = batch.write_into(memoryview(buf), 0, compression=LZ4)
+        end = batch.write_into(memoryview(buf), 0, settings=BatchSettings(LZ4))
         (decoded,) = decode_batches(bytes(buf[:end]))
         got = [(r.key, r.value, r.timestamp_ms, r.headers) for r in decoded.records]
         rows_ = sorted_rows[batch.lo : batch.lo + batch.record_count]

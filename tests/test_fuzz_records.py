@@ -49,7 +49,9 @@ def _seed_batches() -> list[bytes]:
                 value = None if i % 5 == 4 else rnd.randbytes(rnd.randrange(0, 60)) * 2
                 hdrs = [("k\u00e9", rnd.randbytes(3)), ("n", None)][: i % 3]
                 recs.append(R.NewRecord(key, value, hdrs, 1000 + rnd.randrange(-50, 50)))
-            out.append(R.encode_batch(recs, base_timestamp_ms=1000, compression=codec))
+            out.append(
+                R.encode_batch(recs, base_timestamp_ms=1000, settings=R.BatchSettings(codec))
+            )
     return out
 
 
@@ -203,8 +205,8 @@ def _batch_with_section(section: bytes, codec: int, count: int = 1) -> bytearray
     """A framed batch around an arbitrary records section, CRC valid."""
     data = bytearray(R.HEADER_SIZE) + section
     R.write_batch_header(
-        data, 0, len(data), attributes=codec, record_count=count,
-        base_timestamp_ms=0, max_timestamp_ms=0,
+        data, 0, len(data), record_count=count, base_timestamp_ms=0,
+        max_timestamp_ms=0, settings=R.BatchSettings(codec),
     )  # fmt: skip
     return data
 

@@ -18,7 +18,7 @@ from shmprod.broker import EmbeddedBroker
 from shmprod.connection import BrokerConnection
 from shmprod.partitioner import partition_for_key
 from shmprod.protocol import compression as codecs
-from shmprod.protocol.records import NewRecord, encode_batch
+from shmprod.protocol.records import BatchSettings, NewRecord, encode_batch
 from shmprod.protocol.vectorized import encode_columns
 from tests.readback import consume_all
 
@@ -67,7 +67,7 @@ def _vectorized(chunk: list[NewRecord], codec: int) -> bytes:
         keys=pa.array([r.key for r in chunk], pa.binary()),
         timestamps_ms=[r.timestamp_ms for r in chunk],
         headers=[list(r.headers) for r in chunk],
-        compression=codec,
+        settings=BatchSettings(codec),
     )
 
 
@@ -99,7 +99,9 @@ def test_confluent_reads_what_shmprod_wrote(
                     _vectorized(chunk, codec)
                     if vectorized
                     else encode_batch(
-                        chunk, base_timestamp_ms=chunk[0].timestamp_ms or 0, compression=codec
+                        chunk,
+                        base_timestamp_ms=chunk[0].timestamp_ms or 0,
+                        settings=BatchSettings(codec),
                     )
                 )
             resp = conn.produce(batches)

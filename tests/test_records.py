@@ -124,7 +124,7 @@ def test_batch_round_trip_every_codec(
     case: tuple[int, list[R.NewRecord]], codec: int, at: int
 ) -> None:
     base, recs = case
-    data = R.encode_batch(recs, base_timestamp_ms=base, compression=codec)
+    data = R.encode_batch(recs, base_timestamp_ms=base, settings=R.BatchSettings(codec))
     [batch] = R.decode_batches(data)
     assert_decoded(batch, base, recs)
     assert batch.compression == codec and batch.magic == 2
@@ -132,7 +132,9 @@ def test_batch_round_trip_every_codec(
     assert batch.partition_leader_epoch == -1 and batch.base_offset == 0
     # the same bytes when encoded into a buffer at an offset
     buf = bytearray(at + len(data) + 64)
-    end = R.encode_batch_into(buf, at, recs, base_timestamp_ms=base, compression=codec)
+    end = R.encode_batch_into(
+        buf, at, recs, base_timestamp_ms=base, settings=R.BatchSettings(codec)
+    )
     assert bytes(buf[at:end]) == data
     assert R.validate_batch(buf, at, end - at).record_count == len(recs)
     assert list(R.iter_batches(data + data))[1].records == batch.records
@@ -144,8 +146,8 @@ def test_split_batch_keeps_records_codec_and_sequences(
     case: tuple[int, list[R.NewRecord]], codec: int, sequence: int
 ) -> None:
     base, recs = case
-    seq_args = {"producer_id": 77, "producer_epoch": 3, "base_sequence": sequence}
-    data = R.encode_batch(recs, base_timestamp_ms=base, compression=codec, **seq_args)
+    settings = R.BatchSettings(codec, producer_id=77, producer_epoch=3, base_sequence=sequence)
+    data = R.encode_batch(recs, base_timestamp_ms=base, settings=settings)
     if len(recs) < 2:
         with pytest.raises(DecodeError):
             R.split_batch(data)
@@ -185,8 +187,9 @@ def test_offset_delta_varint_widths_and_memoryview_inputs() -> None:
 def test_transactional_and_producer_fields() -> None:
     recs = [R.NewRecord(b"k", b"v")]
     data = R.encode_batch(
-        recs, base_timestamp_ms=5, producer_id=7, producer_epoch=3, base_sequence=11,
-        transactional=True, compression=C.LZ4,
+        recs, base_timestamp_ms=5, settings=R.BatchSettings(
+            C.LZ4, producer_id=7, producer_epoch=3, base_sequence=11, transactional=True
+        ),
     )  # fmt: skip
     hdr = R.validate_batch(data, 0, len(data))
     assert hdr.is_transactional and not hdr.is_control and hdr.compression == C.LZ4
@@ -201,7 +204,9 @@ def test_transactional_and_producer_fields() -> None:
         lambda: R.encode_batch([R.NewRecord(None, b"v", [(b"k", b"v")])], base_timestamp_ms=0),  # type: ignore[list-item]
         lambda: R.encode_batch([R.NewRecord(None, b"v", (), 2**63)], base_timestamp_ms=-5),
         lambda: R.encode_batch(
-            [R.NewRecord(None, b"v")], base_timestamp_ms=0, producer_epoch=2**15
+            [R.NewRecord(None, b"v")],
+            base_timestamp_ms=0,
+            settings=R.BatchSettings(producer_epoch=2**15),
         ),
         lambda: R.encode_batch([(b"k", b"v")], base_timestamp_ms=0),  # type: ignore[list-item]
         lambda: R.encode_batch_into(
@@ -212,7 +217,7 @@ def test_transactional_and_producer_fields() -> None:
             0,
             [R.NewRecord(None, bytes(range(100)))],
             base_timestamp_ms=0,
-            compression=C.ZSTD,
+            settings=R.BatchSettings(C.ZSTD),
         ),
     ],
 )
@@ -223,7 +228,7 @@ def test_encode_errors_are_encode_errors(bad: Any) -> None:
 
 def test_unknown_codec_is_a_compression_error() -> None:
     with pytest.raises(CompressionError):
-        R.encode_batch([R.NewRecord(None, b"v")], base_timestamp_ms=0, compression=5)
+        R.encode_batch([R.NewRecord(None, b"v")], base_timestamp_ms=0, settings=R.BatchSettings(5))
     with pytest.raises(CompressionError):
         C.codec_id("brotli")
     assert [C.codec_id(n) for n in ("none", "GZIP", "snappy", "lz4", "zstd")] == CODECS
@@ -316,7 +321,7 @@ def test_patch_producer_state_rewrites_fields_and_crc(
 ) -> None:
     base, recs = case
     buf = bytearray(R.HEADER_SIZE + 20_000)
-    end = R.encode_batch_into(buf, 7, recs, base_timestamp_ms=base, compression=codec)
+    end = R.encode_batch_into(buf, 7, recs, base_timestamp_ms=base, settings=R.BatchSettings(codec))
     before = bytes(buf[7 + R.RECORDS : end])
     R.patch_producer_state(memoryview(buf), 7, pid, epoch, seq)
     hdr = R.validate_batch(buf, 7, end - 7)
@@ -324,8 +329,9 @@ def test_patch_producer_state_rewrites_fields_and_crc(
     assert hdr.crc == crc32c.crc32c(bytes(buf[7 + R.ATTRIBUTES : end]))  # independent recheck
     assert bytes(buf[7 + R.RECORDS : end]) == before
     assert R.encode_batch(
-        recs, base_timestamp_ms=base, compression=codec, producer_id=pid,
-        producer_epoch=epoch, base_sequence=seq,
+        recs, base_timestamp_ms=base, settings=R.BatchSettings(
+            codec, producer_id=pid, producer_epoch=epoch, base_sequence=seq
+        ),
     ) == bytes(buf[7:end])  # fmt: skip
     if codec in (C.NONE, C.GZIP, C.LZ4):
         kb = DefaultRecordBatch(bytes(buf[7:end]))
@@ -389,7 +395,9 @@ def _kp_records(seed: int, n: int) -> tuple[int, list[R.NewRecord]]:
 @pytest.mark.parametrize("seed", range(3))
 def test_kafka_python_decodes_ours(kp_codec: int, seed: int) -> None:
     base, recs = _kp_records(seed, 200)
-    data = R.encode_batch(recs, base_timestamp_ms=base, compression=kp_codec, base_sequence=3)
+    data = R.encode_batch(
+        recs, base_timestamp_ms=base, settings=R.BatchSettings(kp_codec, base_sequence=3)
+    )
     batch = DefaultRecordBatch(bytearray(data))
     assert batch.validate_crc() and batch.compression_type == kp_codec
     assert batch.max_timestamp == max(r.timestamp_ms for r in recs)  # type: ignore[type-var]
@@ -422,7 +430,7 @@ def test_vectorized_batches_decode_in_kafka_python(kp_codec: int) -> None:
     keys = [None if i % 5 else b"k%d" % i for i in range(3000)]
     ts = 1_700_000_000_000 + np.arange(3000, dtype=np.int64) * 3
     for b in V.iter_encoded_batches(vals, keys, ts, batch_size=16384):
-        kb = DefaultRecordBatch(bytearray(b.to_bytes(compression=kp_codec)))
+        kb = DefaultRecordBatch(bytearray(b.to_bytes(R.BatchSettings(kp_codec))))
         assert kb.validate_crc()
         rows = list(kb)
         first = rows[0].timestamp
@@ -547,9 +555,9 @@ def vector_args(
 @given(columns(), st.sampled_from(CODECS))
 def test_vectorized_is_byte_identical_to_per_record(c: dict[str, Any], codec: int) -> None:
     args, kw, base, recs = vector_args(c)
-    want = R.encode_batch(recs, base_timestamp_ms=base, compression=codec)
+    want = R.encode_batch(recs, base_timestamp_ms=base, settings=R.BatchSettings(codec))
     with fast_path_only():
-        assert V.encode_columns(*args, compression=codec, **kw) == want
+        assert V.encode_columns(*args, settings=R.BatchSettings(codec), **kw) == want
         sizes = V.record_sizes(*args, **kw)
     per_record = [
         R.record_size(
@@ -565,7 +573,7 @@ def test_vectorized_is_byte_identical_to_per_record(c: dict[str, Any], codec: in
     reserve = V.encoded_size(*args, compression=codec, **kw)
     assert reserve >= len(want) and (codec != C.NONE or reserve == len(want))
     buf = bytearray(reserve + 3)
-    end = V.encode_columns_into(memoryview(buf), 3, *args, compression=codec, **kw)
+    end = V.encode_columns_into(memoryview(buf), 3, *args, settings=R.BatchSettings(codec), **kw)
     assert bytes(buf[3:end]) == want
 
 
@@ -622,8 +630,8 @@ def test_iter_encoded_batches_spans_chunks(monkeypatch: pytest.MonkeyPatch) -> N
     assert [b.record_count for b in got] == np.diff(bounds).tolist()
     for b, s, e in zip(got, bounds[:-1], bounds[1:], strict=True):
         recs = [R.NewRecord(None, bytes(v), (), None) for v in vals[s:e].to_pylist()]
-        assert b.to_bytes(compression=C.ZSTD) == R.encode_batch(
-            recs, base_timestamp_ms=42, compression=C.ZSTD
+        assert b.to_bytes(R.BatchSettings(C.ZSTD)) == R.encode_batch(
+            recs, base_timestamp_ms=42, settings=R.BatchSettings(C.ZSTD)
         )
     many = list(V.iter_encoded_batches(vals, None, 42, batch_size=300))
     assert sum(b.record_count for b in many) == 5000 and all(b.max_size() <= 300 for b in many)

@@ -58,11 +58,13 @@ __all__ = [
     "MAX_TIMESTAMP",
     "MIN_RECORD_SIZE",
     "PARTITION_LEADER_EPOCH",
+    "PLAIN",
     "PRODUCER_EPOCH",
     "PRODUCER_ID",
     "RECORDS",
     "RECORD_COUNT",
     "BatchHeader",
+    "BatchSettings",
     "Header",
     "NewRecord",
     "Record",
@@ -126,6 +128,23 @@ INT32_MIN: Final = -(2**31)
 Header = tuple[str, bytes | None]
 Bytes = bytes | bytearray | memoryview
 WritableBuffer = bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """How a batch is written, apart from its records: the codec (and its level) and
+    the idempotent producer's fields (-1: none; the sender patches them in)."""
+
+    compression: int = NONE
+    level: int | None = None
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
+    transactional: bool = False
+
+
+PLAIN: Final = BatchSettings()
+"""Uncompressed, no producer state: what workers write."""
 
 
 class NewRecord(NamedTuple):
@@ -429,18 +448,17 @@ def write_batch_header(
     offset: int,
     end: int,
     *,
-    attributes: int,
     record_count: int,
     base_timestamp_ms: int,
     max_timestamp_ms: int,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
+    settings: BatchSettings = PLAIN,
 ) -> None:
     """Writes the 61-byte header of the batch occupying ``buf[offset:end]``, CRC last.
 
-    The records must already be in place (know sizes first, patch headers last).
+    The records must already be in place (know sizes first, patch headers last); the
+    attributes say ``settings.compression``, whether or not the records were compressed.
     """
+    attributes = batch_attributes(settings.compression, transactional=settings.transactional)
     try:
         _HEADER.pack_into(
             buf,
@@ -454,9 +472,9 @@ def write_batch_header(
             record_count - 1,
             base_timestamp_ms,
             max_timestamp_ms,
-            producer_id,
-            producer_epoch,
-            base_sequence,
+            settings.producer_id,
+            settings.producer_epoch,
+            settings.base_sequence,
             record_count,
         )
     except (struct.error, TypeError) as exc:
@@ -537,12 +555,7 @@ def encode_batch_into(
     records: Iterable[NewRecord],
     *,
     base_timestamp_ms: int,
-    compression: int = NONE,
-    level: int | None = None,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-    transactional: bool = False,
+    settings: BatchSettings = PLAIN,
 ) -> int:
     """Encodes a whole batch at ``buf[offset:]``; returns the offset just past it.
 
@@ -562,12 +575,7 @@ def encode_batch_into(
         record_count=count,
         base_timestamp_ms=base_timestamp_ms,
         max_timestamp_ms=max_ts,
-        compression=compression,
-        level=level,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        transactional=transactional,
+        settings=settings,
     )
 
 
@@ -579,12 +587,7 @@ def write_batch(
     record_count: int,
     base_timestamp_ms: int,
     max_timestamp_ms: int,
-    compression: int = NONE,
-    level: int | None = None,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-    transactional: bool = False,
+    settings: BatchSettings = PLAIN,
 ) -> int:
     """Writes a batch around an encoded records ``section`` at ``buf[offset:]``.
 
@@ -595,23 +598,20 @@ def write_batch(
     mv = _byte_view(buf)
     _check_room(len(mv), offset, HEADER_SIZE)
     start = offset + RECORDS
-    if compression == NONE:
+    if settings.compression == NONE:
         _check_room(len(mv), start, len(section))
         end = start + len(section)
         mv[start:end] = section
     else:
-        end = start + _compress_into(compression, section, mv[start:], level)
+        end = start + _compress_into(settings.compression, section, mv[start:], settings.level)
     write_batch_header(
         mv,
         offset,
         end,
-        attributes=batch_attributes(compression, transactional=transactional),
         record_count=record_count,
         base_timestamp_ms=base_timestamp_ms,
         max_timestamp_ms=max_timestamp_ms,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
+        settings=settings,
     )
     return end
 
@@ -631,33 +631,26 @@ def encode_batch(
     records: Iterable[NewRecord],
     *,
     base_timestamp_ms: int,
-    compression: int = NONE,
-    level: int | None = None,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-    transactional: bool = False,
+    settings: BatchSettings = PLAIN,
 ) -> bytes:
     """Encodes a whole batch to new bytes (see :func:`encode_batch_into`)."""
-    attributes = batch_attributes(compression, transactional=transactional)
+    batch_attributes(settings.compression)  # an unknown codec fails before any work
     parts: list[Bytes] = [_HEADER_PLACEHOLDER]
     count, max_ts = _section_parts(records, base_timestamp_ms, parts)
-    if compression == NONE:
+    if settings.compression == NONE:
         out = bytearray().join(parts)
     else:
         section = b"".join(parts[1:])
-        out = bytearray().join((_HEADER_PLACEHOLDER, _codecs.compress(compression, section, level)))
+        blob = _codecs.compress(settings.compression, section, settings.level)
+        out = bytearray().join((_HEADER_PLACEHOLDER, blob))
     write_batch_header(
         out,
         0,
         len(out),
-        attributes=attributes,
         record_count=count,
         base_timestamp_ms=base_timestamp_ms,
         max_timestamp_ms=max_ts,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
+        settings=settings,
     )
     return bytes(out)
 
@@ -696,10 +689,13 @@ def split_batch(data: Bytes, max_uncompressed: int = DEFAULT_MAX_DECOMPRESSED) -
             encode_batch(
                 [NewRecord(r.key, r.value, r.headers, r.timestamp_ms) for r in part],
                 base_timestamp_ms=part[0].timestamp_ms,
-                compression=batch.compression,
-                producer_id=batch.producer_id,
-                producer_epoch=batch.producer_epoch,
-                base_sequence=sequence,
+                settings=BatchSettings(
+                    compression=batch.compression,
+                    producer_id=batch.producer_id,
+                    producer_epoch=batch.producer_epoch,
+                    base_sequence=sequence,
+                    transactional=batch.is_transactional,
+                ),
             )
         )
     return out

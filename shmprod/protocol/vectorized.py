@@ -47,7 +47,7 @@ from shmprod.protocol import records as _records
 from shmprod.protocol.columns import binary_array, to_binary_array, valid_mask
 from shmprod.protocol.compression import NONE
 from shmprod.protocol.primitives import INT32_MAX
-from shmprod.protocol.records import HEADER_SIZE, Header, NewRecord
+from shmprod.protocol.records import HEADER_SIZE, PLAIN, BatchSettings, Header, NewRecord
 
 __all__ = [
     "EncodedBatch",
@@ -786,12 +786,7 @@ class EncodedBatch:
         buf: WritableBuffer,
         offset: int,
         *,
-        compression: int = NONE,
-        level: int | None = None,
-        producer_id: int = -1,
-        producer_epoch: int = -1,
-        base_sequence: int = -1,
-        transactional: bool = False,
+        settings: BatchSettings = PLAIN,
     ) -> int:
         """Writes the whole batch at ``buf[offset:]``, CRC last; returns its end offset."""
         return _records.write_batch(
@@ -801,20 +796,13 @@ class EncodedBatch:
             record_count=self.record_count,
             base_timestamp_ms=self.base_timestamp_ms,
             max_timestamp_ms=self.max_timestamp_ms,
-            compression=compression,
-            level=level,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=base_sequence,
-            transactional=transactional,
+            settings=settings,
         )
 
-    def to_bytes(
-        self, *, compression: int = NONE, level: int | None = None, **producer: Any
-    ) -> bytes:
+    def to_bytes(self, settings: BatchSettings = PLAIN) -> bytes:
         """The whole batch as new bytes (see :meth:`write_into`)."""
-        out = bytearray(self.max_size(compression))
-        end = self.write_into(out, 0, compression=compression, level=level, **producer)
+        out = bytearray(self.max_size(settings.compression))
+        end = self.write_into(out, 0, settings=settings)
         del out[end:]
         return bytes(out)
 
@@ -998,12 +986,7 @@ def encode_columns_into(
     headers: HeadersArg = None,
     *,
     base_timestamp_ms: int | None = None,
-    compression: int = NONE,
-    level: int | None = None,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-    transactional: bool = False,
+    settings: BatchSettings = PLAIN,
 ) -> int:
     """Encodes all rows as ONE batch at ``buf[offset:]``; returns the end offset.
 
@@ -1017,12 +1000,7 @@ def encode_columns_into(
     return batch.write_into(
         buf,
         offset,
-        compression=compression,
-        level=level,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        transactional=transactional,
+        settings=settings,
     )
 
 
@@ -1033,22 +1011,12 @@ def encode_columns(
     headers: HeadersArg = None,
     *,
     base_timestamp_ms: int | None = None,
-    compression: int = NONE,
-    level: int | None = None,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-    transactional: bool = False,
+    settings: BatchSettings = PLAIN,
 ) -> bytes:
     """All rows as ONE batch in new bytes (see :func:`encode_columns_into`)."""
     batch = _single(values, keys, timestamps_ms, headers, base_timestamp_ms)
     return batch.to_bytes(
-        compression=compression,
-        level=level,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        transactional=transactional,
+        settings=settings,
     )
 
 

@@ -440,7 +440,7 @@ class _Writer:
             if A.fault_hook is not None and self.hook == "sealed":  # tests only
                 A.fault_hook("seal", mv, 0)
             try:
-                end = batch.write_into(mv, 0, compression=w._codec, level=w._level)
+                end = batch.write_into(mv, 0, settings=w._settings)
             except (EncodeError, CompressionError):
                 end = batch.write_into(mv, 0)  # compressed form does not fit: as is
             if A.fault_hook is not None:  # tests only (see worker.append)

@@ -60,7 +60,7 @@ from shmprod.errors import (
 )
 from shmprod.futures import BatchOutcome, OutcomePiece, RecordFuture
 from shmprod.partitioner import Murmur2Partitioner, default_random_source, get_partitioner
-from shmprod.protocol.records import HEADER_SIZE
+from shmprod.protocol.records import HEADER_SIZE, BatchSettings
 from shmprod.shm import Segment
 from shmprod.speedups import Stager
 from shmprod.worker import shmstats
@@ -129,8 +129,10 @@ class WorkerCore:
         self._value_ser = cfg.value_serializer
         self._partitioner = get_partitioner(cfg.partitioner)
         self._murmur = isinstance(self._partitioner, Murmur2Partitioner)
-        self._codec = cfg.compression_codec
-        self._level = cfg.compression_level
+        # what each batch is written with (the sender patches in the producer state)
+        self._settings = BatchSettings(
+            compression=cfg.compression_codec, level=cfg.compression_level
+        )
         self._batch_size = cfg.batch_size
         self._records_room = cfg.batch_size - HEADER_SIZE
         self._linger_ns = int(cfg.linger_ms * 1_000_000)

@@ -30,8 +30,9 @@ from shmprod.errors import EncodeError
 from shmprod.protocol.compression import NONE
 from shmprod.protocol.records import (
     HEADER_SIZE,
+    PLAIN,
+    BatchSettings,
     Header,
-    batch_attributes,
     encode_headers,
     write_batch,
     write_batch_header,
@@ -156,12 +157,11 @@ class DirectBatch:
         buf: memoryview,
         offset: int,
         *,
-        compression: int = NONE,
-        level: int | None = None,
+        settings: BatchSettings = PLAIN,
     ) -> int:
         """Writes the whole batch at ``buf[offset:]``, CRC last; returns its end offset
         (EncodeError when it does not fit)."""
-        if compression != NONE:
+        if settings.compression != NONE:
             section = bytearray(self.section_size)
             self._encode(section, 0)
             return write_batch(
@@ -171,8 +171,7 @@ class DirectBatch:
                 record_count=self.record_count,
                 base_timestamp_ms=self.base_timestamp_ms,
                 max_timestamp_ms=self.max_timestamp_ms,
-                compression=compression,
-                level=level,
+                settings=settings,
             )
         if len(buf) - offset < HEADER_SIZE + self.section_size:
             raise EncodeError(
@@ -186,10 +185,10 @@ class DirectBatch:
             buf,
             offset,
             end,
-            attributes=batch_attributes(NONE),
             record_count=self.record_count,
             base_timestamp_ms=self.base_timestamp_ms,
             max_timestamp_ms=self.max_timestamp_ms,
+            settings=settings,
         )
         return end
 

@@ -40,8 +40,15 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from shmprod import speedups
 from shmprod.config import PARTITIONER_NAMES, check_partitioner_name
-from shmprod.errors import ConfigError, EncodeError, ShmprodError
+from shmprod.errors import (
+    ConfigError,
+    EncodeError,
+    InvalidRecordError,
+    ShmprodError,
+    UnknownPartitionError,
+)
 from shmprod.protocol.columns import to_binary_array, valid_mask
 
 __all__ = [
@@ -58,6 +65,8 @@ __all__ = [
     "RoundRobinPartitioner",
     "StickyPartitioner",
     "StickyState",
+    "check_partition",
+    "check_partitions",
     "default_random_source",
     "get_partitioner",
     "murmur2",
@@ -354,31 +363,67 @@ def partitions_for_keys(keys: _KeyColumn, num_partitions: int) -> npt.NDArray[np
 # ---------------------------------------------------------------------------------------
 
 
-def validate_partition(partition: int | np.integer[Any], num_partitions: int) -> int:
-    """``partition`` if it is an int in ``[0, num_partitions)``, else :class:`PartitionerError`."""
-    n = _check_num_partitions(num_partitions)
+def check_partition(partition: object, num_partitions: int, topic: str | None = None) -> int:
+    """The one check of an explicit partition: an int (not a bool) in ``[0,
+    num_partitions)``. InvalidRecordError for another type, UnknownPartitionError when out
+    of range; ``topic`` names it in the message."""
     if isinstance(partition, bool) or not isinstance(partition, int | np.integer):
-        raise PartitionerError(f"partition must be an int, got {type(partition).__name__}")
+        raise InvalidRecordError(
+            f"partition must be an int or None, got {type(partition).__name__}"
+        )
     p = int(partition)
-    if not 0 <= p < n:
-        raise PartitionerError(f"partition {p} out of range: the topic has {n} partitions")
+    if not 0 <= p < num_partitions:
+        raise UnknownPartitionError(f"partition {p} {_missing(topic, num_partitions)}")
     return p
+
+
+def check_partitions(
+    partitions: npt.ArrayLike,
+    num_partitions: int,
+    topic: str | None = None,
+    unset: npt.NDArray[np.bool_] | None = None,
+) -> npt.NDArray[np.int32]:
+    """:func:`check_partition` for one partition per row (int32 out). Rows where
+    ``unset`` is True are not checked: their partition is chosen later."""
+    arr = np.asarray(partitions)
+    if arr.ndim != 1:
+        raise InvalidRecordError("partitions must be one int or one per row")
+    if arr.dtype.kind not in "iu":
+        raise InvalidRecordError(f"partitions must be integers, got dtype {arr.dtype}")
+    bad = (arr < 0) | (arr >= num_partitions)
+    if unset is not None:
+        bad &= ~unset
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise UnknownPartitionError(
+            f"partition {int(arr[row])} at row {row} {_missing(topic, num_partitions)}"
+        )
+    return arr.astype(np.int32)
+
+
+def _missing(topic: str | None, n: int) -> str:
+    if topic is None:
+        return f"out of range: the topic has {n} partitions"
+    return f"of topic {topic!r} does not exist (it has {n})"
+
+
+def validate_partition(partition: int | np.integer[Any], num_partitions: int) -> int:
+    """A partitioner's answer checked by :func:`check_partition`; PartitionerError when
+    it is not a partition of the topic."""
+    n = _check_num_partitions(num_partitions)
+    try:
+        return check_partition(partition, n)
+    except (InvalidRecordError, UnknownPartitionError) as exc:
+        raise PartitionerError(str(exc)) from None
 
 
 def validate_partitions(partitions: npt.ArrayLike, num_partitions: int) -> npt.NDArray[np.int32]:
     """Vectorized :func:`validate_partition`; returns the partitions as int32."""
     n = _check_num_partitions(num_partitions)
-    arr = np.asarray(partitions)
-    if arr.dtype.kind not in "iu":
-        raise PartitionerError(f"partitions must be integers, got dtype {arr.dtype}")
-    bad = (arr < 0) | (arr >= n)
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        raise PartitionerError(
-            f"partition {int(arr.flat[first])} at row {first} out of range: "
-            f"the topic has {n} partitions"
-        )
-    return arr.astype(np.int32)
+    try:
+        return check_partitions(partitions, n)
+    except (InvalidRecordError, UnknownPartitionError) as exc:
+        raise PartitionerError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmprod.broker import EmbeddedBroker
-from shmprod.errors import ConfigError, ShmprodError
+from shmprod.errors import ConfigError, InvalidRecordError, ShmprodError, UnknownPartitionError
 from shmprod.partitioner import (
     NO_PARTITION,
     PARTITIONER_NAMES,
@@ -27,6 +27,8 @@ from shmprod.partitioner import (
     PartitionerError,
     StickyPartitioner,
     StickyState,
+    check_partition,
+    check_partitions,
     get_partitioner,
     murmur2,
     murmur2_many,
@@ -381,6 +383,30 @@ def test_agrees_with_confluent_kafka_on_a_broker(broker: EmbeddedBroker, topic_n
 # ---------------------------------------------------------------------------------------
 # Explicit partitions
 # ---------------------------------------------------------------------------------------
+
+
+def test_check_partition_is_the_one_rule_for_explicit_partitions() -> None:
+    assert check_partition(0, 3) == 0
+    assert check_partition(np.int64(2), 3, "t") == 2
+    with pytest.raises(UnknownPartitionError, match="partition 3 of topic 't' does not exist"):
+        check_partition(3, 3, "t")
+    with pytest.raises(UnknownPartitionError, match="out of range: the topic has 3"):
+        check_partition(-1, 3)
+    for bad_type in (True, 1.0, "1", None, b"1"):
+        with pytest.raises(InvalidRecordError):
+            check_partition(bad_type, 3, "t")
+
+
+def test_check_partitions_skips_the_unset_rows() -> None:
+    assert check_partitions(np.array([0, 2, 1]), 3, "t").dtype == np.int32
+    with pytest.raises(UnknownPartitionError, match="partition 7 at row 1 of topic 't'"):
+        check_partitions(np.array([0, 7, 9]), 3, "t")
+    unset = np.array([False, True, False])
+    assert check_partitions(np.array([0, 7, 2]), 3, "t", unset).tolist() == [0, 7, 2]
+    with pytest.raises(InvalidRecordError, match="integers"):
+        check_partitions(np.array([0.5]), 3)
+    with pytest.raises(InvalidRecordError, match="one per row"):
+        check_partitions(np.zeros((2, 2), np.int64), 3)
 
 
 def test_validate_partition() -> None:

@@ -70,7 +70,12 @@ from shmprod.errors import (
     UnknownPartitionError,
 )
 from shmprod.futures import BatchFuture, BatchOutcome
-from shmprod.partitioner import Murmur2Partitioner, PartitionerError
+from shmprod.partitioner import (
+    Murmur2Partitioner,
+    PartitionerError,
+    check_partition,
+    check_partitions,
+)
 from shmprod.protocol import vectorized as V
 from shmprod.protocol.columns import binary_lengths, index_array
 from shmprod.protocol.records import HEADER_SIZE, Header
@@ -217,29 +222,11 @@ def _partitions(w: Worker, cols: Columns, entry: TopicEntry, partitions: Any, bu
     if partitions is None:
         return _default_partitions(w, cols, entry, budget, None)
     if np.ndim(partitions) == 0:
-        if isinstance(partitions, bool) or not isinstance(partitions, int | np.integer):
-            raise InvalidRecordError(f"partitions must be ints, got {type(partitions).__name__}")
-        p = int(partitions)
-        if not 0 <= p < nparts:
-            raise UnknownPartitionError(
-                f"partition {p} of topic {entry.name!r} does not exist (it has {nparts})"
-            )
-        return np.full(n, p, np.int32)
+        return np.full(n, check_partition(partitions, nparts, entry.name), np.int32)
     arr = np.asarray(partitions)
-    if arr.ndim != 1 or len(arr) != n:
+    if arr.ndim == 1 and len(arr) != n:
         raise InvalidRecordError(f"partitions must be one int or one per row ({n})")
-    if arr.dtype.kind not in "iu":
-        raise InvalidRecordError(f"partitions must be integers, got dtype {arr.dtype}")
-    bad = (arr < 0) | (arr >= nparts)
-    if unset is not None:
-        bad &= ~unset
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise UnknownPartitionError(
-            f"partition {int(arr[row])} at row {row} of topic {entry.name!r} does not "
-            f"exist (it has {nparts})"
-        )
-    out = arr.astype(np.int32)
+    out = check_partitions(arr, nparts, entry.name, unset)
     if unset is not None:
         rows = np.flatnonzero(unset)
         out[rows] = _default_partitions(w, cols, entry, budget, rows)

@@ -51,6 +51,7 @@ from shmprod.errors import (
 )
 from shmprod.futures import BatchFuture, RecordFuture
 from shmprod.handle import Handle
+from shmprod.partitioner import check_partition
 from shmprod.protocol.records import HEADER_SIZE, record_size
 from shmprod.protocol.values import frozen
 from shmprod.shm import Segment, SharedMemoryError
@@ -59,7 +60,6 @@ from shmprod.worker.cause import cause_after_break, cause_from_header, cause_wit
 from shmprod.worker.core import _BUSY, CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
 from shmprod.worker.inputs import (
     as_bytes,
-    check_partition,
     check_timestamp,
     encoded_headers,
     serialize,

@@ -1,7 +1,8 @@
 """Checking what a caller passes to ``send`` before anything touches shared memory.
 
-Each check raises :class:`InvalidRecordError` (or :class:`UnknownPartitionError`) naming
-what was wrong, so a bad record fails at the call with nothing half-written.
+Each check raises :class:`InvalidRecordError` naming what was wrong, so a bad record fails
+at the call with nothing half-written. Explicit partitions are checked by
+:func:`shmprod.partitioner.check_partition`.
 
 Runs in: worker (pure functions, no shared state).
 """
@@ -14,14 +15,13 @@ from typing import Any, Final
 import numpy as np
 
 from shmprod.config import Serializer
-from shmprod.errors import EncodeError, InvalidRecordError, UnknownPartitionError
+from shmprod.errors import EncodeError, InvalidRecordError
 from shmprod.protocol import values
 from shmprod.protocol.records import encode_headers
 
 __all__ = [
     "NO_HEADERS",
     "as_bytes",
-    "check_partition",
     "check_timestamp",
     "encoded_headers",
     "serialize",
@@ -88,17 +88,3 @@ def check_timestamp(ts: object) -> int:
     if not 0 <= t <= _INT64_MAX:
         raise InvalidRecordError(f"timestamp_ms must be in [0, 2**63), got {t}")
     return t
-
-
-def check_partition(partition: object, partitions: int, topic: str) -> int:
-    """An explicit partition: an int in [0, partitions)."""
-    if isinstance(partition, bool) or not isinstance(partition, int | np.integer):
-        raise InvalidRecordError(
-            f"partition must be an int or None, got {type(partition).__name__}"
-        )
-    p = int(partition)
-    if not 0 <= p < partitions:
-        raise UnknownPartitionError(
-            f"partition {p} of topic {topic!r} does not exist (it has {partitions})"
-        )
-    return p

@@ -1051,12 +1051,94 @@ fail:
     return NULL;
 }
 
+/* Kafka's murmur2 (the Java client's Utils.murmur2) of len bytes at p. */
+static uint32_t
+murmur2(const unsigned char *p, Py_ssize_t len)
+{
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)len;
+    Py_ssize_t whole = len & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < whole; i += 4) {
+        uint32_t k = (uint32_t)p[i] | ((uint32_t)p[i + 1] << 8) | ((uint32_t)p[i + 2] << 16) |
+                     ((uint32_t)p[i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (len & 3) {
+    case 3:
+        h ^= (uint32_t)p[whole + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)p[whole + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)p[whole];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+/* murmur2_partitions(keys, num_partitions, out): out[i] = (murmur2(key) & 0x7fffffff) %
+ * num_partitions, the Java client's choice, or -1 for a null key (chosen later by the
+ * sticky rule). keys: a list of bytes | None, or an Arrow binary column (see col_get);
+ * out: a writable int32 buffer of one entry per key. Runs in: worker. */
+static PyObject *
+murmur2_partitions(PyObject *mod, PyObject *args)
+{
+    PyObject *keys;
+    long long nparts;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "OLw*:murmur2_partitions", &keys, &nparts, &out)) {
+        return NULL;
+    }
+    Col kc;
+    if (col_get(&kc, keys, 0, "keys") < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (nparts < 1 || nparts > 0x7FFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "num_partitions must be in [1, 2**31 - 1]");
+        goto done;
+    }
+    if (out.len != kc.n * 4) {
+        PyErr_SetString(PyExc_ValueError, "out must hold one int32 per key");
+        goto done;
+    }
+    int32_t *dst = (int32_t *)out.buf;
+    for (Py_ssize_t i = 0; i < kc.n; i++) {
+        const char *p;
+        Py_ssize_t len;
+        if (col_item(&kc, i, &p, &len) < 0) {
+            goto done;
+        }
+        dst[i] = len < 0 ? -1
+                         : (int32_t)((murmur2((const unsigned char *)p, len) & 0x7FFFFFFFu) %
+                                     (uint32_t)nparts);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    col_release(&kc);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"staged_lengths", staged_lengths, METH_VARARGS,
      "staged_lengths(values, keys, out): key + value bytes per staged row into out."},
     {"plan_batches", plan_batches, METH_VARARGS,
      "plan_batches(values, keys, timestamps, order, ends, budget[, headers]) -> [(lo, hi, "
      "bytes, base_ts, max_ts)]."},
+    {"murmur2_partitions", murmur2_partitions, METH_VARARGS,
+     "murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: "
+     "null) into an int32 buffer."},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset[, "
      "headers]) -> end."},

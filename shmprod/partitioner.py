@@ -342,6 +342,38 @@ def murmur2_many(keys: _KeyColumn) -> npt.NDArray[np.int32]:
     return h.view(np.int32)
 
 
+_C_TYPES: Final = {pa.binary(): 4, pa.string(): 4, pa.large_binary(): 8, pa.large_string(): 8}
+
+
+def _c_partitions(keys: _KeyColumn, n: int) -> npt.NDArray[np.int32] | None:
+    """:func:`partitions_for_keys` in one pass in C, for a list of bytes/None or an Arrow
+    (large_)binary/string array; None when the extension is absent or the keys are of
+    another form (the numpy path then applies the input rule)."""
+    c = speedups.murmur2_partitions
+    if c is None:
+        return None
+    if isinstance(keys, list):
+        src: Any = keys
+    elif isinstance(keys, pa.Array) and keys.type in _C_TYPES:
+        validity, offsets, data = keys.buffers()
+        src = (
+            len(keys),
+            keys.offset,
+            _C_TYPES[keys.type],
+            validity if keys.null_count else None,
+            offsets,
+            data,
+        )
+    else:
+        return None
+    out = np.empty(len(keys), np.int32)
+    try:
+        c(src, n, out)
+    except TypeError:  # an item of another type: the general path names it
+        return None
+    return out
+
+
 def partitions_for_keys(keys: _KeyColumn, num_partitions: int) -> npt.NDArray[np.int32]:
     """:func:`partition_for_key` of every key, vectorized; null keys give ``-1``.
 
@@ -350,6 +382,9 @@ def partitions_for_keys(keys: _KeyColumn, num_partitions: int) -> npt.NDArray[np
     UTF-8 bytes. Equal, key for key, to the scalar function.
     """
     n = _check_num_partitions(num_partitions)
+    fast = _c_partitions(keys, n)
+    if fast is not None:
+        return fast
     h, nulls = _murmur2_column(keys)
     h &= _POSITIVE_U32
     h %= np.uint32(n)

@@ -203,3 +203,6 @@ plan_batches: Callable[..., list[tuple[int, int, int, int, int]]] | None = (
 encode_records: Callable[..., int] | None = None if _C is None else _C.encode_records
 #: staged_lengths(values, keys, out): key + value bytes of each row into an int64 buffer
 staged_lengths: Callable[..., None] | None = None if _C is None else _C.staged_lengths
+#: murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: null
+#: key) into an int32 buffer; keys: a list of bytes | None or Arrow binary buffers
+murmur2_partitions: Callable[..., None] | None = None if _C is None else _C.murmur2_partitions

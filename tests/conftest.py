@@ -113,6 +113,7 @@ def w(
         monkeypatch.setattr(speedups, "plan_batches", None)
         monkeypatch.setattr(speedups, "encode_records", None)
         monkeypatch.setattr(speedups, "staged_lengths", None)
+        monkeypatch.setattr(speedups, "murmur2_partitions", None)
     worker = attach(fake.handle)
     try:
         yield worker

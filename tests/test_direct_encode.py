@@ -293,3 +293,51 @@ def test_read_only_output_is_refused() -> None:
     assert encode is not None
     with pytest.raises(TypeError):
         encode([b"a"], [None], [1], None, 0, 1, 1, b"\x00" * 64, 0)
+
+
+# ---------------------------------------------------------------------------------------
+# murmur2_partitions: Java's key partitioning in one pass (shmprod.partitioner uses it)
+# ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(blobs, min_size=0, max_size=60),
+    st.integers(1, 2**31 - 1) | st.sampled_from([1, 2, 12, 1000]),
+    st.integers(0, 5),
+)
+def test_murmur2_partitions_is_javas_partition_of_each_key(
+    keys: list[bytes | None], nparts: int, cut: int
+) -> None:
+    from shmprod.partitioner import partition_for_key
+
+    c = speedups.murmur2_partitions
+    assert c is not None
+    want = [-1 if k is None else partition_for_key(k, nparts) for k in keys]
+    out = np.full(len(keys), 99, np.int32)
+    c(keys, nparts, out)
+    assert out.tolist() == want
+    for typ in (pa.binary(), pa.large_binary()):  # Arrow buffers, sliced
+        arr = pa.array(keys, typ).slice(min(cut, len(keys)))
+        validity, offsets, data = arr.buffers()
+        width = 8 if typ == pa.large_binary() else 4
+        src = (len(arr), arr.offset, width, validity if arr.null_count else None, offsets, data)
+        part = np.full(len(arr), 99, np.int32)
+        c(src, nparts, part)
+        assert part.tolist() == want[min(cut, len(keys)) :]
+
+
+def test_murmur2_partitions_bad_arguments() -> None:
+    c = speedups.murmur2_partitions
+    assert c is not None
+    with pytest.raises(ValueError):
+        c([b"a"], 0, np.zeros(1, np.int32))
+    with pytest.raises(ValueError):
+        c([b"a", b"b"], 3, np.zeros(1, np.int32))  # out too short
+    with pytest.raises(TypeError):
+        c(["text"], 3, np.zeros(1, np.int32))  # staged keys are bytes
+    with pytest.raises(TypeError):
+        c([b"a"], 3, b"\x00" * 4)  # read-only out
+    offsets = np.array([0, 4, 100], np.int32)  # the second key runs past the data
+    with pytest.raises(ValueError):
+        c((2, 0, 4, None, offsets, b"abcd"), 3, np.zeros(2, np.int32))

@@ -58,7 +58,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shmprod import ipc
+from shmprod import ipc, speedups
 from shmprod.errors import (
     BufferExhaustedError,
     CompressionError,
@@ -194,7 +194,7 @@ class KeyRows:
     :class:`Columns` has the same fields)."""
 
     n: int
-    keys: pa.Array | None
+    keys: pa.Array | list[bytes | None] | None  # a stage's own list: hashed in place
     row_bytes: I64  # value + key bytes per row (nulls count 0)
     header_bytes: int
 
@@ -246,7 +246,7 @@ def _default_partitions(
     n = cols.n if rows is None else len(rows)
     keys = cols.keys
     if keys is not None and rows is not None:
-        keys = keys.take(pa.array(rows))
+        keys = [keys[i] for i in rows] if isinstance(keys, list) else keys.take(pa.array(rows))
     part = w._partitioner
     if keys is None and isinstance(part, Murmur2Partitioner):
         out = np.full(n, -1, np.int32)
@@ -673,7 +673,7 @@ def _stage_columns(stage: Stage, rows: KeyRows) -> Columns:
     return Columns(
         stage.n,
         stage.value_column(),
-        rows.keys,
+        stage.key_column(),
         stage.timestamp_column(),
         stage.headers,
         stage.headers is not None,
@@ -714,9 +714,13 @@ def flush_stage(w: Worker, stage: Stage, *, keep_when_full: bool = False) -> Non
 
 def _flush_stage(w: Worker, stage: Stage) -> None:
     n = stage.n
+    keys: pa.Array | list[bytes | None] | None = None
+    if stage.keys.count(None) != n:
+        c_hash = w._murmur and speedups.murmur2_partitions is not None
+        keys = stage.keys if c_hash else stage.key_column()  # the list: hashed in C
     rows = KeyRows(
         n,
-        stage.key_column(),
+        keys,
         stage.row_lengths(),
         stage.header_max if stage.headers is not None else 1,
     )

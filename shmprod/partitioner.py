@@ -49,7 +49,7 @@ from shmprod.errors import (
     ShmprodError,
     UnknownPartitionError,
 )
-from shmprod.protocol.columns import to_binary_array, valid_mask
+from shmprod.protocol.columns import arrow_buffers, to_binary_array, valid_mask
 
 __all__ = [
     "NO_PARTITION",
@@ -342,29 +342,17 @@ def murmur2_many(keys: _KeyColumn) -> npt.NDArray[np.int32]:
     return h.view(np.int32)
 
 
-_C_TYPES: Final = {pa.binary(): 4, pa.string(): 4, pa.large_binary(): 8, pa.large_string(): 8}
-
-
 def _c_partitions(keys: _KeyColumn, n: int) -> npt.NDArray[np.int32] | None:
     """:func:`partitions_for_keys` in one pass in C, for a list of bytes/None or an Arrow
-    (large_)binary/string array; None when the extension is absent or the keys are of
+    (large_)binary array; None when the extension is absent or the keys are of
     another form (the numpy path then applies the input rule)."""
     c = speedups.murmur2_partitions
     if c is None:
         return None
-    if isinstance(keys, list):
-        src: Any = keys
-    elif isinstance(keys, pa.Array) and keys.type in _C_TYPES:
-        validity, offsets, data = keys.buffers()
-        src = (
-            len(keys),
-            keys.offset,
-            _C_TYPES[keys.type],
-            validity if keys.null_count else None,
-            offsets,
-            data,
-        )
-    else:
+    src: Any = keys if isinstance(keys, list) else None
+    if isinstance(keys, pa.Array):
+        src = arrow_buffers(keys)
+    if src is None:
         return None
     out = np.empty(len(keys), np.int32)
     try:

@@ -87,6 +87,20 @@ def binary_lengths(arr: pa.Array) -> npt.NDArray[np.int64]:
     return lengths
 
 
+_OFFSET_WIDTHS: Final = {pa.binary(): 4, pa.large_binary(): 8}
+
+
+def arrow_buffers(arr: pa.Array) -> tuple[int, int, int, Any, Any, Any] | None:
+    """A (large_)binary array as the C extension reads it: (length, offset,
+    offset width 4 or 8, validity buffer or None, offsets buffer, data buffer); None for
+    another type."""
+    width = _OFFSET_WIDTHS.get(arr.type)
+    if width is None:
+        return None
+    validity, offsets, data = arr.buffers()
+    return len(arr), arr.offset, width, validity if arr.null_count else None, offsets, data
+
+
 def valid_mask(arr: pa.Array) -> npt.NDArray[np.bool_]:
     """True where ``arr`` holds a value, read from its validity bitmap. Not
     ``is_valid().to_numpy(zero_copy_only=False)``: that imports pandas (see

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from shmprod import speedups
 from shmprod.errors import EncodeError
+from shmprod.protocol.columns import arrow_buffers
 from shmprod.protocol.compression import NONE
 from shmprod.protocol.records import (
     HEADER_SIZE,
@@ -67,17 +68,6 @@ def staged_source(stage: Stage) -> Source | None:
     return Source(stage.values, stage.keys, stage.timestamps, NO_HEADERS)
 
 
-def _buffers(arr: pa.Array) -> tuple[int, int, int, Any, Any, Any] | None:
-    if pa.types.is_large_binary(arr.type):
-        width = 8
-    elif pa.types.is_binary(arr.type):
-        width = 4
-    else:
-        return None
-    validity, offsets, data = arr.buffers()
-    return len(arr), arr.offset, width, validity if arr.null_count else None, offsets, data
-
-
 def arrow_source(
     values: pa.Array,
     keys: pa.Array | None,
@@ -88,8 +78,8 @@ def arrow_source(
     or None when they cannot go directly (another Arrow type; no extension)."""
     if speedups.plan_batches is None:
         return None
-    vals = _buffers(values)
-    ks = None if keys is None else _buffers(keys)
+    vals = arrow_buffers(values)
+    ks = None if keys is None else arrow_buffers(keys)
     if vals is None or (keys is not None and ks is None):
         return None
     ts: Any = timestamps

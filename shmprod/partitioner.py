@@ -391,9 +391,7 @@ def check_partition(partition: object, num_partitions: int, topic: str | None = 
     num_partitions)``. InvalidRecordError for another type, UnknownPartitionError when out
     of range; ``topic`` names it in the message."""
     if isinstance(partition, bool) or not isinstance(partition, int | np.integer):
-        raise InvalidRecordError(
-            f"partition must be an int or None, got {type(partition).__name__}"
-        )
+        raise InvalidRecordError(f"partition must be an int, got {type(partition).__name__}")
     p = int(partition)
     if not 0 <= p < num_partitions:
         raise UnknownPartitionError(f"partition {p} {_missing(topic, num_partitions)}")

@@ -673,7 +673,7 @@ def _stage_columns(stage: Stage, rows: KeyRows) -> Columns:
     return Columns(
         stage.n,
         stage.value_column(),
-        stage.key_column(),
+        stage.key_column() if isinstance(rows.keys, list) else rows.keys,  # built once
         stage.timestamp_column(),
         stage.headers,
         stage.headers is not None,

@@ -44,6 +44,7 @@ import numpy.typing as npt
 from shmprod.speedups import FutureCore
 
 __all__ = [
+    "BatchFailure",
     "BatchFuture",
     "BatchMetadata",
     "BatchOutcome",
@@ -385,6 +386,15 @@ def _chain(fut: RecordFuture | BatchFuture) -> concurrent.futures.Future[Any]:
     return out
 
 
+class BatchFailure(NamedTuple):
+    """Rows of one ``send_batch`` call that failed together (see
+    :meth:`BatchFuture.failures`)."""
+
+    rows: npt.NDArray[np.intp]  # input rows, ascending
+    error: BaseException
+    handed_over: bool  # False: the rows never left the process that sent
+
+
 class BatchFuture:
     """The outcome of one ``send_batch`` call: the Kafka batches it was split into.
 
@@ -392,6 +402,12 @@ class BatchFuture:
     at sorted position ``j``) and cut into consecutive batches of ``counts[b]`` rows, in
     sorted order. A row's offset is ``base_offset[b] + (j - start[b])``: filled for all
     rows at once with numpy when the last batch resolves. The first error sticks.
+
+    A call that was held to be written with the next ones (:mod:`shmprod.worker.held`)
+    gets a future made by :meth:`held`: pending until the held calls are written, then
+    bound to rows ``[lo, hi)`` of their one future (:meth:`_bind`), or failed with
+    nothing handed over (:meth:`_fail`). Its error is the first failed batch's among
+    those holding its rows.
     """
 
     __slots__ = (
@@ -399,6 +415,7 @@ class BatchFuture:
         "_counts",
         "_error",
         "_event",
+        "_failed",
         "_lock",
         "_metadata",
         "_order",
@@ -406,6 +423,7 @@ class BatchFuture:
         "_partitions",
         "_remaining",
         "_timestamps",
+        "_whole",
         "topic",
     )
 
@@ -413,19 +431,21 @@ class BatchFuture:
         self,
         lock: threading.Lock,
         topic: str,
-        partitions: I32Array,
+        partitions: I32Array | None,
         timestamps_ms: I64Array,
         order: npt.NDArray[np.intp] | None,
         outcomes: list[BatchOutcome],
         counts: list[int],
     ) -> None:
         """``partitions``/``timestamps_ms``: per input row; ``order``: sorted position ->
-        input row (None: identity); ``outcomes[b]`` covers ``counts[b]`` sorted rows."""
-        if sum(counts) != len(partitions) or len(counts) != len(outcomes):
+        input row (None: identity); ``outcomes[b]`` covers ``counts[b]`` sorted rows.
+        ``partitions`` None: a held call's future (see :meth:`held`)."""
+        n = len(timestamps_ms) if partitions is None else len(partitions)
+        if sum(counts) != (0 if partitions is None else n) or len(counts) != len(outcomes):
             raise ValueError("batch counts must cover every row exactly once")
         self._lock = lock
         self.topic = topic
-        self._partitions = partitions
+        self._partitions = np.full(n, -1, np.int32) if partitions is None else partitions
         self._timestamps = timestamps_ms
         self._order = order
         self._outcomes = outcomes
@@ -435,11 +455,105 @@ class BatchFuture:
         self._metadata: BatchMetadata | None = None
         self._event = threading.Event()
         self._callbacks: list[Callable[[BatchFuture], object]] = []
+        self._failed: list[BatchFailure] | None = None
+        self._whole: tuple[BatchFuture, int, int] | None = None  # held: bound to rows of
+        if partitions is None:  # held: bound or failed later
+            return
         if not outcomes:
             self._finish()
             return
         for o in outcomes:
             o.add_listener(self._on_batch)
+
+    @classmethod
+    def held(cls, lock: threading.Lock, topic: str, timestamps_ms: I64Array) -> BatchFuture:
+        """The future of a held call of ``len(timestamps_ms)`` rows, pending until
+        :meth:`_bind` or :meth:`_fail`. Runs in: worker."""
+        return cls(lock, topic, None, timestamps_ms, None, [], [])
+
+    def _bind(self, whole: BatchFuture, lo: int, hi: int) -> None:
+        """This held call is rows ``[lo, hi)`` of ``whole``: resolved with it. Runs in:
+        worker, the thread that wrote the held calls."""
+        self._whole = (whole, lo, hi)
+
+        def done(w: BatchFuture) -> None:
+            error = w._range_error(lo, hi)
+            with self._lock:
+                self._error = error
+            m = w._metadata
+            assert m is not None
+            self._metadata = BatchMetadata(
+                self.topic, m.partitions[lo:hi], m.offsets[lo:hi], m.timestamps_ms[lo:hi]
+            )
+            self._partitions = m.partitions[lo:hi]
+            self._resolve()
+
+        whole.add_done_callback(done)
+
+    def _fail(self, error: BaseException) -> None:
+        """This held call was never handed over: every row fails with ``error``."""
+        if self._event.is_set():
+            return
+        with self._lock:
+            self._error = error
+        n = len(self._timestamps)
+        self._metadata = BatchMetadata(
+            self.topic, self._partitions, np.full(n, -1, np.int64), self._timestamps
+        )
+        self._resolve()
+
+    def _range_error(self, lo: int, hi: int) -> BaseException | None:
+        """The first failed batch's error among those holding rows ``[lo, hi)``, once
+        done (the order of the batches, then of a split batch's pieces)."""
+        for f in self._all_failures():
+            if int(np.count_nonzero((f.rows >= lo) & (f.rows < hi))):
+                return f.error
+        return None
+
+    def _all_failures(self) -> list[BatchFailure]:
+        """:meth:`failures` once done, computed once (batch order, then piece order)."""
+        if self._failed is not None:
+            return self._failed
+        out: list[BatchFailure] = []
+        if self._error is not None and self._whole is not None:
+            whole, lo, hi = self._whole
+            for f in whole._all_failures():
+                rows = f.rows[(f.rows >= lo) & (f.rows < hi)]
+                if len(rows):
+                    out.append(BatchFailure(rows - lo, f.error, f.handed_over))
+        elif self._error is not None and not self._outcomes:  # held, never handed over
+            out.append(BatchFailure(np.arange(len(self._partitions)), self._error, False))
+        elif self._error is not None:
+            errors: list[tuple[BaseException | None, bool]] = []
+            counts: list[int] = []
+            for o, count in zip(self._outcomes, self._counts, strict=True):
+                if o.pieces is None:
+                    errors.append((o.error, o.partition >= 0))
+                    counts.append(count)
+                else:
+                    errors.extend((p.error, True) for p in o.pieces)
+                    counts.extend(p.record_count for p in o.pieces)
+            ids = np.arange(len(counts), dtype=np.intp)
+            row_piece = np.repeat(ids, np.array(counts, dtype=np.int64))
+            if self._order is not None:
+                sorted_piece, row_piece = row_piece, np.empty(len(row_piece), np.intp)
+                row_piece[self._order] = sorted_piece
+            for k, (error, handed) in enumerate(errors):
+                if error is not None:
+                    rows = np.flatnonzero(row_piece == k)
+                    if len(rows):
+                        out.append(BatchFailure(rows, error, handed))
+        self._failed = out
+        return out
+
+    def failures(self, timeout: float | None = None) -> list[BatchFailure]:
+        """The failed rows once done, one entry per failed Kafka batch (or piece of a
+        batch the sender split): its rows (input order, ascending), its error, and
+        whether they were handed over to the sender (False: they never left this
+        process, e.g. the pool stayed full); empty when every row succeeded."""
+        if not self._event.wait(timeout):
+            raise _timeout_error(timeout)
+        return self._all_failures()
 
     def __reduce__(self) -> Any:
         raise TypeError("a BatchFuture belongs to the process that sent; it cannot be pickled")
@@ -459,6 +573,9 @@ class BatchFuture:
 
     def _finish(self) -> None:
         self._metadata = self._build()
+        self._resolve()
+
+    def _resolve(self) -> None:
         with self._lock:
             callbacks, self._callbacks = self._callbacks, []
             self._event.set()

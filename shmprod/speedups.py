@@ -152,6 +152,8 @@ class _PyStager:
             if stages is None or len(stages) != 1:
                 return None
             stage = stages[0]
+            if not isinstance(stage, _PyStageCore):  # held send_batch calls
+                return None
             if not stage.plain or stage.nbytes + size > stage.limit:
                 return None
             return self._future_type(stage, append_row(stage, key, value, ts, size))

@@ -204,28 +204,21 @@ def _resolve_records(out: _Outcomes, futs: list[tuple[int, RecordFuture]], timeo
 
 
 def _resolve_batch(out: _Outcomes, lo: int, fut: BatchFuture, timeout: float) -> None:
-    """Per-row outcome of one ``send_batch`` call: the future keeps one outcome per Kafka
-    batch (rows grouped by partition, ``order`` maps sorted positions to input rows)."""
+    """Per-row outcome of one ``send_batch`` call, through its public API: every row's
+    partition and offset, and the rows of each failed batch with its error."""
     try:
         md = fut.partial_result(timeout=timeout)
     except TimeoutError:
         out.fail(np.arange(lo, lo + len(fut._partitions)), "no outcome in time", PENDING)
         return
-    out.partition[lo : lo + len(md)] = md.partitions
-    start = 0
-    for outcome, count in zip(fut._outcomes, fut._counts, strict=True):
-        pos = np.arange(start, start + count)
-        rows = lo + (pos if fut._order is None else fut._order[pos])
-        start += count
-        if outcome.succeeded:
-            out.status[rows] = ACKED
-            base = outcome.base_offset
-            out.offset[rows] = (base + np.arange(count)) if base >= 0 else -1
-        else:
-            err = outcome.error
-            assert err is not None
-            # partition -1: rows never handed over (the call hit a full pool or a dead sender)
-            out.fail(rows, error_name(err), REFUSED if outcome.partition < 0 else FAILED)
+    n = len(md)
+    out.partition[lo : lo + n] = md.partitions
+    out.status[lo : lo + n] = ACKED
+    out.offset[lo : lo + n] = md.offsets
+    for failure in fut.failures(0):
+        # not handed over: rows the call could not write (a full pool, a dead sender)
+        kind = FAILED if failure.handed_over else REFUSED
+        out.fail(lo + failure.rows, error_name(failure.error), kind)
 
 
 def worker_main(

@@ -13,9 +13,12 @@
    (sticky), a large one spreads over all of them in whole batches.
 3. **Group** rows by partition with one stable ``argsort`` (input order is kept inside
    each partition); the vectorised encoder also takes one Arrow ``take`` per column.
-4. **Flush first** the records this process staged with ``send`` for the topic, under
-   the process's flush turn, so that the records of a process reach each partition in
-   the order it sent them. Staged records are flushed through steps 2-6 too
+4. **Hold** a small call (:mod:`shmprod.worker.held`: no explicit partitions or
+   headers, smaller than about a batch per partition): it waits, with the next such
+   calls to the topic, to be written as one call, so batches fill across calls (steps
+   2-3 then run when they are written). Otherwise **flush first** what this process
+   staged or held for the topic, under the process's flush turn, so that the records
+   of a process reach each partition in the order it sent them. Staged records are flushed through steps 2-6 too
    (:func:`flush_stage`), their batches written by the C extension straight from the
    staged ``bytes`` when no row has headers (:func:`_write_direct`).
 5. **Encode and write**: per partition, full batches of at most ``batch_size`` bytes,
@@ -83,11 +86,11 @@ from shmprod.worker import append as A
 from shmprod.worker.direct import DirectBatch, arrow_source, staged_source
 from shmprod.worker.direct import plan as direct_plan
 from shmprod.worker.inputs import check_timestamp, encoded_headers
+from shmprod.worker.staging import HeldCalls, Stage
 from shmprod.worker.topics import TopicEntry, validate_topic
 
 if TYPE_CHECKING:
     from shmprod.worker.client import Worker
-    from shmprod.worker.staging import Stage
 
 __all__ = ["Columns", "flush_stage", "prepare_columns", "send_batch"]
 
@@ -508,6 +511,12 @@ def send_batch(
         w._topic_locked(topic)  # unknown topics fail here, before the flush turn
     if cols.n == 0:
         return BatchFuture(w._done_lock, topic, np.zeros(0, np.int32), ts_rows, None, [], [])
+    from shmprod.worker import held
+
+    holdable = partitions is None
+    future = held.hold(w, topic, cols) if holdable else None
+    if future is not None:
+        return future
     created = time.monotonic_ns()
     w._begin_flush(block=True)
     try:
@@ -519,6 +528,9 @@ def send_batch(
             except BufferExhaustedError:  # the pool is full: the stage waits, this raises
                 w._restore_stages(staged[i:])
                 raise
+        future = held.hold(w, topic, cols) if holdable else None
+        if future is not None:
+            return future
         with w._lock:
             w._check_alive()
             entry = w._topic_locked(topic)
@@ -682,14 +694,20 @@ def _stage_columns(stage: Stage, rows: KeyRows) -> Columns:
     )
 
 
-def flush_stage(w: Worker, stage: Stage, *, keep_when_full: bool = False) -> None:
-    """Encodes the records ``send`` staged for one topic and hands them over; resolves
-    the stage's futures (a failure before anything was handed over fails every row).
+def flush_stage(w: Worker, stage: Stage | HeldCalls, *, keep_when_full: bool = False) -> None:
+    """Encodes the records ``send`` staged for one topic, or the ``send_batch`` calls
+    held for it (:mod:`shmprod.worker.held`), and hands them over; resolves the
+    futures (a failure before anything was handed over fails every row).
     ``keep_when_full``: when the pool has no buffers for it within max_block_ms, raise
     BufferExhaustedError with the stage untouched (nothing handed over) instead.
     Runs in: worker, holding the flush turn, state lock NOT held."""
     try:
-        _flush_stage(w, stage)
+        if isinstance(stage, HeldCalls):
+            from shmprod.worker.held import write_held
+
+            write_held(w, stage)
+        else:
+            _flush_stage(w, stage)
     except BufferExhaustedError:
         if keep_when_full:
             raise

@@ -64,7 +64,13 @@ from shmprod.worker.inputs import (
     encoded_headers,
     serialize,
 )
-from shmprod.worker.staging import RECORD_OVERHEAD_MAX, STAGED_OVERHEAD, Stage
+from shmprod.worker.staging import (
+    RECORD_OVERHEAD_MAX,
+    STAGE_MAX_BYTES,
+    STAGED_MAX_BYTES,
+    STAGED_OVERHEAD,
+    Stage,
+)
 from shmprod.worker.topics import TopicEntry, validate_topic
 
 __all__ = ["Worker", "attach"]
@@ -72,8 +78,6 @@ __all__ = ["Worker", "attach"]
 log = logging.getLogger(__name__)
 
 
-_STAGE_MAX_BYTES: Final = 8 << 20  # a stage is flushed by this size at the latest
-_STAGED_MAX_BYTES: Final = 32 << 20  # ... and every stage of the process by this total
 _time_ns = time.time_ns
 _HANDSHAKE_MIN_S: Final = 5.0
 _FLUSH_MARGIN_S: Final = 10.0  # flush(None) gives up this long after delivery_timeout_ms
@@ -341,7 +345,7 @@ class Worker(WorkerCore):
                 # the stage is full: flush it first (a full pool refuses this record:
                 # BufferExhaustedError, with nothing of it staged)
                 with self._lock:  # the I/O thread changes the stages meanwhile
-                    room = self._staged_total_locked() + size < _STAGED_MAX_BYTES
+                    room = self._staged_total_locked() + size < STAGED_MAX_BYTES
                 self._flush_stages([topic] if room else None, keep_when_full=True)
         except ShmprodError:
             with self._lock:
@@ -373,11 +377,14 @@ class Worker(WorkerCore):
             if stages is None:
                 stage = self._new_stage_locked(topic, entry)
             else:
-                stage = stages[-1]
+                last = stages[-1]
+                if not isinstance(last, Stage):  # held send_batch calls: written first
+                    return None
+                stage = last
                 if (
                     len(stages) > 1  # older stages wait for buffers: flush them first
                     or stage.nbytes + size > stage.limit
-                    or self._staged_total_locked() + size > _STAGED_MAX_BYTES
+                    or self._staged_total_locked() + size > STAGED_MAX_BYTES
                     or (p >= 0 and stage.partition_room(p) < size)
                 ):
                     return None
@@ -398,13 +405,10 @@ class Worker(WorkerCore):
         and a partition that got just over ``batch_size`` would make a second, tiny
         batch. Runs in: worker, state lock held."""
         deadline = time.monotonic_ns() + self._linger_ns
-        limit = min(_STAGE_MAX_BYTES, max(1, self._batch_size * entry.partitions * 7 // 8))
+        limit = min(STAGE_MAX_BYTES, max(1, self._batch_size * entry.partitions * 7 // 8))
         stage = Stage(topic, deadline, self._done_lock, limit)
         self._stages[topic] = [stage]
-        self._mark_busy_locked()
-        if deadline < self._io_deadline_ns:
-            self._io_deadline_ns = deadline
-            self._wake()
+        self._stage_added_locked(deadline)
         return stage
 
     def _check_size(self, size: int) -> None:
@@ -442,6 +446,12 @@ class Worker(WorkerCore):
         of the key, null keys spread in whole batches.
         ``timestamps_ms``: one int or one per row (None = now). ``headers``: one list of
         (str, bytes | None) for all rows, or one list per row (slower path).
+
+        A call smaller than about a batch per partition of the topic, without explicit
+        partitions or headers, is held up to ``linger_ms`` and written with the next
+        such calls, so batches fill across calls (:mod:`shmprod.worker.held`); its
+        future resolves once they are written and acknowledged. Arrow columns are kept
+        by reference meanwhile (Arrow data is immutable); other forms are copied.
         """
         from shmprod.worker import bulk
 

@@ -64,7 +64,7 @@ from shmprod.protocol.records import HEADER_SIZE, BatchSettings
 from shmprod.shm import Segment
 from shmprod.speedups import Stager
 from shmprod.worker import shmstats
-from shmprod.worker.staging import RECORD_OVERHEAD_MAX, STAGED_OVERHEAD, Stage
+from shmprod.worker.staging import RECORD_OVERHEAD_MAX, STAGED_OVERHEAD, AnyStage
 from shmprod.worker.topics import TopicEntry, TopicTable
 
 __all__ = ["CLOSED", "CLOSING", "FORKED", "OPEN", "WorkerCore"]
@@ -144,9 +144,10 @@ class WorkerCore:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._done_lock = threading.Lock()
-        # topic -> records send() staged, oldest stage first; only the last takes records
-        # (earlier ones are stages a flush could not get buffers for, first in line)
-        self._stages: dict[str, list[Stage]] = {}
+        # topic -> records send() staged and send_batch calls held, oldest stage first;
+        # only the last takes more (earlier ones are stages a flush could not get
+        # buffers for, first in line)
+        self._stages: dict[str, list[AnyStage]] = {}
         # send()'s common case (shmprod.speedups); serializers take the Python path
         self._stager: Stager | None = None
         if self._key_ser is None and self._value_ser is None:
@@ -337,12 +338,20 @@ class WorkerCore:
         """Bytes staged over every topic. State lock held."""
         return sum(st.nbytes for sts in self._stages.values() for st in sts)
 
+    def _stage_added_locked(self, deadline_ns: int) -> None:
+        """A new stage is to be flushed at ``deadline_ns``: the I/O thread wakes for it.
+        State lock held."""
+        self._mark_busy_locked()
+        if deadline_ns < self._io_deadline_ns:
+            self._io_deadline_ns = deadline_ns
+            self._wake()
+
     def _mark_busy_locked(self) -> None:
         """Keeps this Worker alive until what it holds is delivered (see _BUSY). State
         lock held."""
         _BUSY.add(self)
 
-    def _take_stages_locked(self, topics: Sequence[str] | None) -> list[Stage]:
+    def _take_stages_locked(self, topics: Sequence[str] | None) -> list[AnyStage]:
         """Removes the stages of ``topics`` (None: all) for a flush. State lock held."""
         names = list(self._stages) if topics is None else [t for t in topics if t in self._stages]
         out = [st for t in names for st in self._stages.pop(t)]
@@ -377,7 +386,7 @@ class WorkerCore:
             self._end_flush()
         return True
 
-    def _expire_stages(self, stages: list[Stage]) -> None:
+    def _expire_stages(self, stages: list[AnyStage]) -> None:
         """Fails staged records older than delivery_timeout_ms (no buffer came for them).
         Runs in: worker I/O thread, state lock NOT held."""
         with self._lock:
@@ -397,7 +406,7 @@ class WorkerCore:
                 )
             )
 
-    def _restore_stages(self, stages: list[Stage]) -> None:
+    def _restore_stages(self, stages: list[AnyStage]) -> None:
         """Stages a flush could not get buffers for go back, first in line for their
         topic, ahead of any stage records went to meanwhile. State lock NOT held."""
         with self._lock:
@@ -881,7 +890,7 @@ def _release(
     sock: socket.socket,
     wakes: tuple[socket.socket, socket.socket],
     seg: Segment,
-    stages: dict[str, list[Stage]],
+    stages: dict[str, list[AnyStage]],
     inflight: dict[int, tuple[BatchOutcome, int]],
 ) -> None:
     """A Worker became garbage without ``close()``: its pending futures fail, it says

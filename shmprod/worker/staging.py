@@ -37,23 +37,33 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from shmprod import speedups
-from shmprod.futures import BatchOutcome, RecordFuture, _call
+from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, _call
 from shmprod.protocol.records import Header
 from shmprod.speedups import StageCore, append_row
 
-__all__ = ["RECORD_OVERHEAD_MAX", "STAGED_OVERHEAD", "Stage"]
+__all__ = [
+    "RECORD_OVERHEAD_MAX",
+    "STAGED_MAX_BYTES",
+    "STAGED_OVERHEAD",
+    "STAGE_MAX_BYTES",
+    "AnyStage",
+    "HeldCalls",
+    "Stage",
+]
 
 # Largest varint overhead of one record besides key, value and headers: length (5),
 # attributes (1), timestampDelta (10), offsetDelta (5), keyLength (5), valueLength (5).
 RECORD_OVERHEAD_MAX: Final = 31
 STAGED_OVERHEAD: Final = 12  # about the varint bytes of a staged record, for sizing
+STAGE_MAX_BYTES: Final = 8 << 20  # a stage is flushed by this size at the latest
+STAGED_MAX_BYTES: Final = 32 << 20  # ... and every stage of the process by this total
 
 
 class Stage(StageCore):
@@ -250,6 +260,61 @@ class Stage(StageCore):
                 self._callbacks.append((row, fn, fut))
                 return
         self._attach(row, fn, fut)
+
+
+class HeldCalls:
+    """Small ``send_batch`` calls of one topic, held until they are written together
+    (:mod:`shmprod.worker.held`). It sits in the topic's list of stages like a
+    :class:`Stage` (``send()`` never appends to it: a record sent after it starts a new
+    stage, behind it), flushed by the same triggers. ``chunks`` are the calls' checked
+    columns (:class:`~shmprod.worker.bulk.Columns`), ``futures`` their futures.
+
+    Runs in: worker; changed only under the Worker's state lock until taken for a flush.
+    """
+
+    __slots__ = (
+        "chunks",
+        "deadline_ns",
+        "error",
+        "flushed",
+        "futures",
+        "n",
+        "nbytes",
+        "room",
+        "topic",
+    )
+
+    def __init__(self, topic: str, deadline_ns: int, room: int) -> None:
+        self.topic = topic
+        self.deadline_ns = deadline_ns
+        self.room = room  # staged bytes it takes at most
+        self.chunks: list[Any] = []
+        self.futures: list[BatchFuture] = []
+        self.n = 0
+        self.nbytes = 0
+        self.flushed = False
+        self.error: BaseException | None = None
+
+    def add(self, columns: Any, future: BatchFuture, nbytes: int) -> None:
+        """Holds one call's checked columns (state lock held)."""
+        self.chunks.append(columns)
+        self.futures.append(future)
+        self.n += columns.n
+        self.nbytes += nbytes
+
+    def fail(self, error: BaseException) -> None:
+        """Nothing of the held calls was handed over: every row fails with ``error``."""
+        if self.flushed:
+            return
+        self.flushed = True
+        self.error = error
+        self.chunks = []
+        for fut in self.futures:
+            fut._fail(error)
+
+
+AnyStage = Stage | HeldCalls
+"""What a topic's list of stages holds (oldest first)."""
 
 
 def _column(items: list[bytes | None], nulls: int) -> pa.Array:

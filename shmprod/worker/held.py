@@ -1,0 +1,131 @@
+"""``send_batch`` calls held, so that batches fill across calls.
+
+Java's ``RecordAccumulator`` appends every record to its partition's open batch, so a
+stream of small sends still fills whole batches. ``send_batch`` writes a call's rows as
+batches of their own: a call of 10,000 keyed 100 B rows over 12 partitions made batches
+of about 80 KB where ``batch_size`` is 512 KiB, and the broker's cost per batch and per
+request set the pace (measured: 1.45-1.53 M records/s, where calls of 50,000 rows make
+1.9-2.0 M). So a call smaller than its topic's stage (about 7/8 of a batch per
+partition, as for ``send()``) is held: its checked columns wait in a
+:class:`~shmprod.worker.staging.HeldCalls` in the topic's list of stages, with the next
+small calls to the topic, and are written together -- partitioned, grouped and encoded
+as one call (:func:`shmprod.worker.bulk.flush_stage`) -- when
+
+* the next call would overflow it: it is written first, then that call is held anew;
+* its first call is ``linger_ms`` old (the worker's I/O thread);
+* the process calls ``flush``/``close``, or ``send()`` to the topic (a process's
+  records reach each partition in the order it sent them).
+
+Held are calls without explicit partitions or headers, when ``linger_ms`` > 0; the
+others are written at the call, after what is staged for the topic. A held call's
+future resolves with its rows' batches; a failure after the call (no pool buffer within
+``max_block_ms`` when written, the sender died) goes to the future, as with ``send()``.
+The columns are kept as converted: Arrow arrays by reference (Arrow data is immutable),
+the other forms were copied by the conversion; per-row timestamps are copied here.
+
+Runs in: worker. A held set is process-local memory, changed under the Worker's state
+lock until taken for a flush.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from shmprod.futures import BatchFuture
+from shmprod.protocol.records import HEADER_SIZE
+from shmprod.worker.bulk import Columns, _default_partitions, _write
+from shmprod.worker.staging import (
+    STAGE_MAX_BYTES,
+    STAGED_MAX_BYTES,
+    STAGED_OVERHEAD,
+    HeldCalls,
+)
+
+if TYPE_CHECKING:
+    from shmprod.worker.client import Worker
+
+__all__ = ["hold", "write_held"]
+
+_LARGE = 1 << 31  # bytes from which a binary column needs 64-bit offsets
+
+
+def hold(w: Worker, topic: str, cols: Columns) -> BatchFuture | None:
+    """Holds a small call (see the module docstring) and returns its future; None when
+    it is to be written now: not held by its kind or size, or the topic's stages must
+    be written first (then call again). Runs in: worker, takes the state lock."""
+    if w._linger_ns <= 0 or cols.headers is not None or cols.n == 0:
+        return None
+    nbytes = int(cols.row_bytes.sum()) + cols.n * STAGED_OVERHEAD
+    with w._lock:
+        w._check_alive()
+        entry = w._topic_locked(topic)
+        room = min(STAGE_MAX_BYTES, max(1, w._batch_size * entry.partitions * 7 // 8))
+        if nbytes >= room or w._staged_total_locked() + nbytes > STAGED_MAX_BYTES:
+            return None
+        stages = w._stages.get(topic)
+        if stages is None:
+            held = HeldCalls(topic, time.monotonic_ns() + w._linger_ns, room)
+            w._stages[topic] = [held]
+            w._stage_added_locked(held.deadline_ns)
+        else:
+            last = stages[-1]
+            if len(stages) > 1 or not isinstance(last, HeldCalls) or last.nbytes + nbytes > room:
+                return None
+            held = last
+        ts = cols.timestamps
+        rows = np.full(cols.n, ts, np.int64) if isinstance(ts, int) else ts.copy()
+        cols.timestamps = rows
+        future = BatchFuture.held(w._done_lock, topic, rows)
+        held.add(cols, future, nbytes)
+        return future
+
+
+def write_held(w: Worker, held: HeldCalls) -> None:
+    """Writes the held calls as one call and binds their futures to their rows; raises
+    what :func:`~shmprod.worker.bulk._write` raises when nothing was handed over.
+    Runs in: worker, holding the flush turn, state lock NOT held."""
+    sizes = [c.n for c in held.chunks]
+    cols = _concat(held.chunks)
+    with w._lock:
+        w._check_alive()
+        entry = w._topic_locked(held.topic)
+        parts = _default_partitions(w, cols, entry, w._batch_size - HEADER_SIZE, None)
+        slots = entry.slots
+    created = held.deadline_ns - w._linger_ns
+    order, outcomes, counts = _write(w, entry, slots, cols, parts, "bulk", created)
+    assert not isinstance(cols.timestamps, int)
+    whole = BatchFuture(w._done_lock, held.topic, parts, cols.timestamps, order, outcomes, counts)
+    held.flushed = True
+    held.chunks = []
+    lo = 0
+    for future, n in zip(held.futures, sizes, strict=True):
+        future._bind(whole, lo, lo + n)
+        lo += n
+
+
+def _concat(chunks: list[Columns]) -> Columns:
+    """The held calls' columns as one call's (no headers; per-row timestamps)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    n = sum(c.n for c in chunks)
+    values = _join([c.values for c in chunks])
+    keys = None
+    if any(c.keys is not None for c in chunks):
+        keys = _join([c.keys if c.keys is not None else pa.nulls(c.n, pa.binary()) for c in chunks])
+    timestamps = np.concatenate([np.asarray(c.timestamps, np.int64) for c in chunks])
+    row_bytes = np.concatenate([c.row_bytes for c in chunks])
+    return Columns(n, values, keys, timestamps, None, False, 1, row_bytes)
+
+
+def _join(arrays: list[pa.Array]) -> pa.Array:
+    """One binary column of ``arrays`` (binary or large_binary), one copy of the bytes."""
+    large = len({a.type for a in arrays}) > 1 or sum(a.nbytes for a in arrays) >= _LARGE
+    if large:
+        arrays = [
+            a if pa.types.is_large_binary(a.type) else a.cast(pa.large_binary()) for a in arrays
+        ]
+    return pa.concat_arrays(arrays)

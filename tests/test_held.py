@@ -14,12 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_worker_fakesender import FakeSender
 
+from shmprod import Producer
+from shmprod.broker import EmbeddedBroker
 from shmprod.errors import ProducerError
 from shmprod.futures import BatchFuture, BatchOutcome, OutcomePiece
 from shmprod.worker import Worker, attach
 from shmprod.worker.bulk import Columns
 from shmprod.worker.held import _concat
 from shmprod.worker.staging import HeldCalls
+from tests.readback import consume_all
 
 
 def _rows(
@@ -255,3 +258,34 @@ def test_concat_keeps_every_row(chunks: list[tuple[list[bytes | None], bool, pa.
     assert isinstance(out.timestamps, np.ndarray)
     got = list(zip(keys_out, out.values.to_pylist(), out.timestamps.tolist(), strict=True))
     assert got == want and out.n == len(want)
+
+
+def test_held_calls_land_as_sent(broker: EmbeddedBroker, topic_name: str) -> None:
+    """A real broker, read back with confluent-kafka: 40 small calls (keyed, null keys,
+    per-row timestamps) land with every key, value, timestamp, partition and offset
+    their futures give, in far fewer batches than calls."""
+    broker.create_topic(topic_name, 4)
+    sent: list[tuple[BatchFuture, list[bytes | None], list[bytes], list[int]]] = []
+    with Producer(bootstrap_servers=broker.bootstrap, linger_ms=50) as p:
+        for c in range(40):
+            keys: list[bytes | None] = (
+                [None] * 25 if c % 4 == 3 else [b"k%d" % ((c * 25 + i) % 13) for i in range(25)]
+            )
+            values = [b"c%d-r%d" % (c, i) for i in range(25)]
+            ts = [1_700_000_000_000 + c * 100 + i for i in range(25)]
+            fut = p.send_batch(topic_name, values, keys=keys, timestamps_ms=np.array(ts))
+            sent.append((fut, keys, values, ts))
+        for fut, *_ in sent:
+            fut.result(30)
+        assert p.stats()["worker"]["batches_sealed"] <= 12
+    landed = consume_all(broker.bootstrap, topic_name, 4, 1000, 60)
+    at = {(r.partition, r.offset): r for recs in landed.values() for r in recs}
+    assert len(at) == 1000
+    for fut, keys, values, ts in sent:
+        md = fut.result(0)
+        for i, (part, off) in enumerate(
+            zip(md.partitions.tolist(), md.offsets.tolist(), strict=True)
+        ):
+            r = at[(part, off)]
+            assert (r.key, r.value, r.timestamp_ms) == (keys[i], values[i], ts[i])
+            assert int(md.timestamps_ms[i]) == ts[i]

@@ -456,7 +456,7 @@ class BatchFuture:
         self._event = threading.Event()
         self._callbacks: list[Callable[[BatchFuture], object]] = []
         self._failed: list[BatchFailure] | None = None
-        self._whole: tuple[BatchFuture, int, int] | None = None  # held: bound to rows of
+        self._whole: tuple[BatchFuture, int, int] | None = None  # held: (whole, lo, hi)
         if partitions is None:  # held: bound or failed later
             return
         if not outcomes:

@@ -18,9 +18,10 @@
    calls to the topic, to be written as one call, so batches fill across calls (steps
    2-3 then run when they are written). Otherwise **flush first** what this process
    staged or held for the topic, under the process's flush turn, so that the records
-   of a process reach each partition in the order it sent them. Staged records are flushed through steps 2-6 too
-   (:func:`flush_stage`), their batches written by the C extension straight from the
-   staged ``bytes`` when no row has headers (:func:`_write_direct`).
+   of a process reach each partition in the order it sent them. Staged records are
+   flushed through steps 2-6 too (:func:`flush_stage`), their batches written by the C
+   extension straight from the staged ``bytes`` when no row has headers
+   (:func:`_write_direct`).
 5. **Encode and write**: per partition, full batches of at most ``batch_size`` bytes,
    each written straight into a granted buffer, record by record from the Arrow buffers
    by the C extension (:mod:`shmprod.worker.direct`; per-row headers or no extension:

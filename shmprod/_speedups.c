@@ -502,9 +502,10 @@ put_varint(char *p, unsigned long long u)
     return p;
 }
 
-enum { COL_NULL, COL_LIST, COL_ARROW };
+enum { COL_NULL, COL_LIST, COL_ARROW, COL_CHUNKS };
 
-typedef struct {
+typedef struct Col Col;
+struct Col {
     int kind;
     PyObject **items; /* COL_LIST: the list's items (borrowed; the list outlives the call) */
     Py_ssize_t n;
@@ -518,11 +519,23 @@ typedef struct {
     Py_ssize_t data_len;
     Py_buffer views[3];
     int held[3];
-} Col;
+    Col *chunks;        /* COL_CHUNKS: one COL_ARROW column per chunk (owned) */
+    Py_ssize_t nchunks; /* COL_CHUNKS */
+    Py_ssize_t *starts; /* COL_CHUNKS: chunk j's first row; starts[nchunks] == n (owned) */
+};
 
 static void
 col_release(Col *c)
 {
+    if (c->chunks != NULL) {
+        for (Py_ssize_t j = 0; j < c->nchunks; j++) {
+            col_release(&c->chunks[j]);
+        }
+        PyMem_Free(c->chunks);
+        c->chunks = NULL;
+    }
+    PyMem_Free(c->starts);
+    c->starts = NULL;
     for (int i = 0; i < 3; i++) {
         if (c->held[i]) {
             PyBuffer_Release(&c->views[i]);
@@ -543,7 +556,46 @@ col_view(Col *c, int i, PyObject *obj, const char *what)
     return 0;
 }
 
-/* A column from a list, an Arrow buffers tuple, or None (when allowed). */
+static int col_get(Col *c, PyObject *obj, int allow_none, const char *what);
+
+/* A column of Arrow chunks: a list of Arrow buffers tuples, read as one column (the
+ * ``send_batch`` calls held together, without joining their bytes). */
+static int
+col_chunks(Col *c, PyObject *list, const char *what)
+{
+    c->kind = COL_CHUNKS;
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
+        PyErr_Format(PyExc_TypeError, "%s: chunks must be a non-empty list", what);
+        return -1;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(list);
+    c->chunks = PyMem_Calloc((size_t)m, sizeof(Col));
+    c->starts = PyMem_Calloc((size_t)m + 1, sizeof(Py_ssize_t));
+    if (c->chunks == NULL || c->starts == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *item = PyList_GET_ITEM(list, j);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) {
+            PyErr_Format(PyExc_TypeError, "%s: each chunk must be an Arrow buffers tuple", what);
+            goto fail;
+        }
+        if (col_get(&c->chunks[j], item, 0, what) < 0) {
+            goto fail;
+        }
+        c->nchunks = j + 1;
+        c->starts[j + 1] = c->starts[j] + c->chunks[j].n;
+    }
+    c->n = c->starts[m];
+    return 0;
+fail:
+    col_release(c);
+    return -1;
+}
+
+/* A column from a list, an Arrow buffers tuple, a 1-tuple holding a list of Arrow
+ * buffers tuples (chunks), or None (when allowed). */
 static int
 col_get(Col *c, PyObject *obj, int allow_none, const char *what)
 {
@@ -558,6 +610,9 @@ col_get(Col *c, PyObject *obj, int allow_none, const char *what)
         c->items = ((PyListObject *)obj)->ob_item;
         c->n = PyList_GET_SIZE(obj);
         return 0;
+    }
+    if (PyTuple_Check(obj) && PyTuple_GET_SIZE(obj) == 1) {
+        return col_chunks(c, PyTuple_GET_ITEM(obj, 0), what);
     }
     PyObject *validity, *offsets, *data;
     Py_ssize_t width;
@@ -609,32 +664,10 @@ fail:
     return -1;
 }
 
-/* Row ``row``'s bytes: *len -1 for null. */
+/* Row ``row``'s bytes of an Arrow column: *len -1 for null. */
 static inline int
-col_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
+arrow_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
 {
-    if (c->kind == COL_NULL) {
-        *ptr = NULL;
-        *len = -1;
-        return 0;
-    }
-    if (c->kind == COL_LIST) {
-        PyObject *o = c->items[row];
-        if (o == Py_None) {
-            *ptr = NULL;
-            *len = -1;
-            return 0;
-        }
-        if (!PyBytes_Check(o)) {
-            PyErr_Format(PyExc_TypeError,
-                         "staged keys and values must be bytes or None, got %.100s",
-                         Py_TYPE(o)->tp_name);
-            return -1;
-        }
-        *ptr = PyBytes_AS_STRING(o);
-        *len = PyBytes_GET_SIZE(o);
-        return 0;
-    }
     Py_ssize_t i = c->base + row;
     if (c->valid && !(c->valid[i >> 3] & (1 << (i & 7)))) {
         *ptr = NULL;
@@ -663,6 +696,49 @@ col_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
     *ptr = c->data + a;
     *len = (Py_ssize_t)(b - a);
     return 0;
+}
+
+/* Row ``row``'s bytes: *len -1 for null. */
+static inline int
+col_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
+{
+    if (c->kind == COL_NULL) {
+        *ptr = NULL;
+        *len = -1;
+        return 0;
+    }
+    if (c->kind == COL_LIST) {
+        PyObject *o = c->items[row];
+        if (o == Py_None) {
+            *ptr = NULL;
+            *len = -1;
+            return 0;
+        }
+        if (!PyBytes_Check(o)) {
+            PyErr_Format(PyExc_TypeError,
+                         "staged keys and values must be bytes or None, got %.100s",
+                         Py_TYPE(o)->tp_name);
+            return -1;
+        }
+        *ptr = PyBytes_AS_STRING(o);
+        *len = PyBytes_GET_SIZE(o);
+        return 0;
+    }
+    if (c->kind == COL_CHUNKS) {
+        /* the chunk holding row: the last j with starts[j] <= row (row < n, checked) */
+        Py_ssize_t lo = 0, hi = c->nchunks - 1;
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi + 1) / 2;
+            if (c->starts[mid] <= row) {
+                lo = mid;
+            }
+            else {
+                hi = mid - 1;
+            }
+        }
+        return arrow_item(&c->chunks[lo], row - c->starts[lo], ptr, len);
+    }
+    return arrow_item(c, row, ptr, len);
 }
 
 /* A buffer of native int64 items (numpy int64 exports "l" or "q"). */

@@ -15,8 +15,9 @@ do the same in Python. The tests run both and compare them.
   the Worker's state lock and returns its future; None when nothing was staged and the
   Python path must handle the record.
 * :func:`plan_batches`, :func:`encode_records`, :func:`staged_lengths`: rows without
-  per-row headers (a stage's lists, or ``send_batch``'s Arrow arrays) cut into batches
-  and each record written straight into its pool buffer, one copy of each key and value
+  per-row headers (a stage's lists, or ``send_batch``'s Arrow arrays, or the chunks of
+  the ``send_batch`` calls held together) cut into batches and each record written
+  straight into its pool buffer, one copy of each key and value
   (:mod:`shmprod.worker.direct`). They exist in C only (None without the extension):
   without them the vectorised Arrow path (:mod:`shmprod.protocol.vectorized`) encodes
   the same bytes.

@@ -79,7 +79,7 @@ def sources(draw: Any) -> tuple[Source, list[Any], list[Any], list[int], list[An
     headers of every record)."""
     values, keys, ts, order, ends = draw(rows())
     headers = draw(headers_st)
-    form = draw(st.sampled_from(["list", "arrow", "arrow-large"]))
+    form = draw(st.sampled_from(["list", "arrow", "arrow-large", "chunks", "chunks-large"]))
     if form == "list":
         source = Source(values, keys, ts, encode_headers(headers) if headers else b"\x00")
         return source, values, keys, ts, [order, ends, headers or []]
@@ -88,9 +88,20 @@ def sources(draw: Any) -> tuple[Source, list[Any], list[Any], list[int], list[An
     if one_ts:
         ts = [ts[0]] * len(values)
     no_keys = all(k is None for k in keys)
+    large = form.endswith("-large")
+    vals: pa.Array | pa.ChunkedArray = _arrow(values, large, pad)
+    if form.startswith("chunks"):  # held send_batch calls: the values of each call
+        cuts = sorted(draw(st.lists(st.integers(0, len(values)), max_size=4)))
+        bounds = [0, *cuts, len(values)]
+        vals = pa.chunked_array(
+            [
+                _arrow(values[a:b], large, draw(st.integers(0, 2)))
+                for a, b in itertools.pairwise(bounds)
+            ]
+        )
     got = arrow_source(
-        _arrow(values, form == "arrow-large", pad),
-        None if no_keys else _arrow(keys, form == "arrow-large", pad),
+        vals,
+        None if no_keys else _arrow(keys, large, pad),
         ts[0] if one_ts else np.array(ts, np.int64),
         headers,
     )
@@ -221,6 +232,31 @@ def test_arrow_buffers_that_lie_are_refused() -> None:
     for col, error in cases:
         with pytest.raises(error):
             encode(col, None, 1, None, 0, 2, 1, out, 0)
+
+
+def test_chunks_that_lie_are_refused() -> None:
+    """The chunked form (held calls' values): every chunk checked as an Arrow column,
+    the rows counted across chunks; a typed error for a bad one."""
+    encode = speedups.encode_records
+    assert encode is not None
+    good = (2, 0, 4, None, np.array([0, 3, 6], np.int32).tobytes(), b"abcdef")
+    out = bytearray(256)
+    assert encode(([good, good],), None, 1, None, 0, 4, 1, out, 0) > 0
+    cases = [
+        (([],), TypeError),  # no chunks
+        ((good,), TypeError),  # not a list
+        (([good, 5],), TypeError),
+        (([good, ([good],)],), TypeError),  # chunks inside a chunk
+        (([good, (2, 0, 4, None, good[4], b"abc")],), ValueError),  # offsets past data
+        (([good, (2, 0, 4, b"", good[4], b"abcdef")],), ValueError),  # validity too short
+    ]
+    for col, error in cases:
+        with pytest.raises(error):
+            encode(col, None, 1, None, 0, 4, 1, out, 0)
+    with pytest.raises(ValueError):  # 4 rows in the chunks, 3 keys
+        encode(([good, good],), [None] * 3, 1, None, 0, 2, 1, out, 0)
+    with pytest.raises(ValueError):  # a row past the chunks
+        encode(([good],), None, 1, None, 0, 3, 1, out, 0)
 
 
 def test_a_buffer_too_small_is_an_error_not_an_overrun() -> None:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_worker_fakesender import FakeSender
 
-from shmprod import Producer
+from shmprod import Producer, speedups
 from shmprod.broker import EmbeddedBroker
 from shmprod.errors import ProducerError
 from shmprod.futures import BatchFuture, BatchOutcome, OutcomePiece
@@ -289,3 +289,33 @@ def test_held_calls_land_as_sent(broker: EmbeddedBroker, topic_name: str) -> Non
             r = at[(part, off)]
             assert (r.key, r.value, r.timestamp_ms) == (keys[i], values[i], ts[i])
             assert int(md.timestamps_ms[i]) == ts[i]
+
+
+def test_held_values_are_not_copied_when_the_extension_writes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the extension the values stay in each call's array (only keys are joined);
+    without it they are joined into one array for the vectorised encoder."""
+    arrays = [pa.array([b"a" * 50, b"b"]), pa.array([b"c"], pa.large_binary())]
+    cols = [
+        Columns(
+            len(a),
+            a,
+            pa.array([b"k"] * len(a)),
+            np.zeros(len(a), np.int64),
+            None,
+            False,
+            1,
+            np.zeros(len(a), np.int64),
+        )
+        for a in arrays
+    ]
+    if speedups.plan_batches is not None:
+        out = _concat(cols)
+        assert isinstance(out.values, pa.ChunkedArray)
+        assert out.values.chunks[0].buffers()[2].address == arrays[0].buffers()[2].address
+        assert out.values.to_pylist() == [b"a" * 50, b"b", b"c"]
+    monkeypatch.setattr(speedups, "plan_batches", None)
+    joined = _concat(cols)
+    assert isinstance(joined.values, pa.Array)
+    assert joined.values.to_pylist() == [b"a" * 50, b"b", b"c"]

@@ -101,6 +101,17 @@ def arrow_buffers(arr: pa.Array) -> tuple[int, int, int, Any, Any, Any] | None:
     return len(arr), arr.offset, width, validity if arr.null_count else None, offsets, data
 
 
+def join_binary(arrays: list[pa.Array]) -> pa.Array:
+    """One binary column of ``arrays`` (binary or large_binary), one copy of the bytes:
+    large_binary when the types differ or the bytes need 64-bit offsets."""
+    large = len({a.type for a in arrays}) > 1 or sum(a.nbytes for a in arrays) >= _LARGE
+    if large:
+        arrays = [
+            a if pa.types.is_large_binary(a.type) else a.cast(pa.large_binary()) for a in arrays
+        ]
+    return pa.concat_arrays(arrays)
+
+
 def valid_mask(arr: pa.Array) -> npt.NDArray[np.bool_]:
     """True where ``arr`` holds a value, read from its validity bitmap. Not
     ``is_valid().to_numpy(zero_copy_only=False)``: that imports pandas (see

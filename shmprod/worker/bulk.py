@@ -81,7 +81,7 @@ from shmprod.partitioner import (
     check_partitions,
 )
 from shmprod.protocol import vectorized as V
-from shmprod.protocol.columns import binary_lengths, index_array
+from shmprod.protocol.columns import binary_lengths, index_array, join_binary
 from shmprod.protocol.records import HEADER_SIZE, Header
 from shmprod.worker import append as A
 from shmprod.worker.direct import DirectBatch, arrow_source, staged_source
@@ -108,7 +108,7 @@ class Columns:
     """Checked and converted ``send_batch`` inputs (no shared memory touched yet)."""
 
     n: int
-    values: pa.Array
+    values: pa.Array | pa.ChunkedArray  # chunked: held calls (worker.held), not joined
     keys: pa.Array | None
     timestamps: I64 | int  # one per row, or one for all
     headers: list[Header] | list[list[Header]] | None  # shared list, per-row lists
@@ -566,6 +566,8 @@ def _write(
             todo = direct_plan(source, order, ranges, budget)
             outcomes, counts = _hand(w, entry, slots, todo, len(todo), cols.n, hook, created_ns)
             return order, outcomes, counts
+    if isinstance(cols.values, pa.ChunkedArray):  # the encoder below reads one array
+        cols.values = join_binary(cols.values.chunks)
     group = _group(cols, parts)
     approx = int(cols.row_bytes.sum()) + cols.n * (_ROW_OVERHEAD + cols.header_bytes)
 

@@ -3,8 +3,9 @@
 A flush of ``send()``'s staged rows, and ``send_batch``, cut their rows (sorted by
 partition) into batches with :func:`shmprod.speedups.plan_batches` and write each batch
 with :func:`shmprod.speedups.encode_records`: the varints and the bytes of every record
-go from where they are -- the stage's ``bytes`` objects, or an Arrow array's data
-buffer -- into the granted buffer. One copy of each key and value, where joining lists
+go from where they are -- the stage's ``bytes`` objects, an Arrow array's data buffer,
+or the data buffers of the chunks of held ``send_batch`` calls -- into the granted
+buffer. One copy of each key and value, where joining lists
 into columns, reordering them by partition (Arrow ``take``) and encoding a records
 section copied them four times (ARCHITECTURE.md, "Rows written straight into the
 pool"). With a codec the records go to a scratch section that the codec compresses.
@@ -69,16 +70,23 @@ def staged_source(stage: Stage) -> Source | None:
 
 
 def arrow_source(
-    values: pa.Array,
+    values: pa.Array | pa.ChunkedArray,
     keys: pa.Array | None,
     timestamps: npt.NDArray[np.int64] | int,
     headers: list[Header] | None,
 ) -> Source | None:
     """``send_batch``'s checked columns (one headers list shared by every row, or None),
-    or None when they cannot go directly (another Arrow type; no extension)."""
+    or None when they cannot go directly (another Arrow type; no extension). Values in
+    chunks (held calls) are read where they are: the extension takes a 1-tuple of the
+    chunks' buffers."""
     if speedups.plan_batches is None:
         return None
-    vals = arrow_buffers(values)
+    vals: Any
+    if isinstance(values, pa.ChunkedArray):
+        chunks = [arrow_buffers(c) for c in values.chunks]
+        vals = None if not chunks or None in chunks else (chunks,)
+    else:
+        vals = arrow_buffers(values)
     ks = None if keys is None else arrow_buffers(keys)
     if vals is None or (keys is not None and ks is None):
         return None

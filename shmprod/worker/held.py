@@ -9,7 +9,8 @@ request set the pace (measured: 1.45-1.53 M records/s, where calls of 50,000 row
 partition, as for ``send()``) is held: its checked columns wait in a
 :class:`~shmprod.worker.staging.HeldCalls` in the topic's list of stages, with the next
 small calls to the topic, and are written together -- partitioned, grouped and encoded
-as one call (:func:`shmprod.worker.bulk.flush_stage`) -- when
+as one call (:func:`shmprod.worker.bulk.flush_stage`; the extension reads the values
+from each call's own array, only the keys are joined) -- when
 
 * the next call would overflow it: it is written first, then that call is held anew;
 * its first call is ``linger_ms`` old (the worker's I/O thread);
@@ -35,7 +36,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from shmprod import speedups
 from shmprod.futures import BatchFuture
+from shmprod.protocol.columns import join_binary
 from shmprod.protocol.records import HEADER_SIZE
 from shmprod.worker.bulk import Columns, _default_partitions, _write
 from shmprod.worker.staging import (
@@ -49,8 +52,6 @@ if TYPE_CHECKING:
     from shmprod.worker.client import Worker
 
 __all__ = ["hold", "write_held"]
-
-_LARGE = 1 << 31  # bytes from which a binary column needs 64-bit offsets
 
 
 def hold(w: Worker, topic: str, cols: Columns) -> BatchFuture | None:
@@ -108,24 +109,25 @@ def write_held(w: Worker, held: HeldCalls) -> None:
 
 
 def _concat(chunks: list[Columns]) -> Columns:
-    """The held calls' columns as one call's (no headers; per-row timestamps)."""
+    """The held calls' columns as one call's (no headers; per-row timestamps). The keys
+    are joined (the partitioner reads one column); the values stay in their calls'
+    arrays when the extension writes them (one chunk each), else are joined too."""
     if len(chunks) == 1:
         return chunks[0]
     n = sum(c.n for c in chunks)
-    values = _join([c.values for c in chunks])
+    arrays = [c.values for c in chunks]
+    values: pa.Array | pa.ChunkedArray
+    if speedups.plan_batches is None:
+        values = join_binary(arrays)
+    else:
+        if len({a.type for a in arrays}) > 1:
+            arrays = [a.cast(pa.large_binary()) for a in arrays]
+        values = pa.chunked_array(arrays)
     keys = None
     if any(c.keys is not None for c in chunks):
-        keys = _join([c.keys if c.keys is not None else pa.nulls(c.n, pa.binary()) for c in chunks])
+        keys = join_binary(
+            [c.keys if c.keys is not None else pa.nulls(c.n, pa.binary()) for c in chunks]
+        )
     timestamps = np.concatenate([np.asarray(c.timestamps, np.int64) for c in chunks])
     row_bytes = np.concatenate([c.row_bytes for c in chunks])
     return Columns(n, values, keys, timestamps, None, False, 1, row_bytes)
-
-
-def _join(arrays: list[pa.Array]) -> pa.Array:
-    """One binary column of ``arrays`` (binary or large_binary), one copy of the bytes."""
-    large = len({a.type for a in arrays}) > 1 or sum(a.nbytes for a in arrays) >= _LARGE
-    if large:
-        arrays = [
-            a if pa.types.is_large_binary(a.type) else a.cast(pa.large_binary()) for a in arrays
-        ]
-    return pa.concat_arrays(arrays)

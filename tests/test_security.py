@@ -28,6 +28,7 @@ from shmprod.broker import EmbeddedBroker, free_port
 from shmprod.config import REDACTED, ProducerConfig
 from shmprod.connection import BrokerConnection
 from shmprod.errors import AuthenticationError, ConfigError, SslAuthenticationError
+from shmprod.sender import lifecycle
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
@@ -209,6 +210,7 @@ def test_refusal_after_start_fails_pending_and_later_sends(topic_name: str) -> N
             with pytest.raises(Exception, match=r"SASL_AUTHENTICATION_FAILED|sender"):
                 p.send(topic_name, b"later").result(FAIL_FAST_S)
         assert proxy.refused == 1
+        assert p._proc.wait(30) == lifecycle.EXIT_FAILED  # not the bootstrap status
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
@@ -416,8 +418,6 @@ def test_sender_takes_its_spec_on_stdin_only() -> None:
     """An argument is refused with the honest usage line (nothing secret goes on argv)."""
     import subprocess
     import sys
-
-    from shmprod.sender import lifecycle
 
     for args, stdin in (([" {}"], b""), ([], b"not json")):
         done = subprocess.run(

@@ -17,6 +17,7 @@ from shmprod.errors import (
 )
 from shmprod.protocol import error_codes as ec
 from shmprod.protocol.messages import (
+    InitProducerIdResponse,
     MetadataResponse,
     MetadataResponseBroker,
     MetadataResponsePartition,
@@ -26,9 +27,12 @@ from shmprod.sender.accumulator import Accumulator
 from shmprod.sender.batch import NO_SEQUENCE, Batch
 from shmprod.sender.drain import Drainer
 from shmprod.sender.idempotence import ProducerIdentity, next_sequence
+from shmprod.sender.inflight import InFlightLedger
+from shmprod.sender.lifecycle import EXIT_CRASHED, EXIT_OK, Lifecycle, Phase
 from shmprod.sender.metadata import Metadata
 from shmprod.sender.policy import Action, backoff_ns, decide
 from shmprod.sender.pool import BufferPool
+from shmprod.sender.producer_id import PidStep, ProducerIdDriver
 from shmprod.sender.shmstate import SharedState
 
 MS = 1_000_000
@@ -526,3 +530,128 @@ def test_metadata_table_full_answers_an_error() -> None:
     answers = md.on_response(meta_response(huge=(0, 17)), MS)  # 16 partition slots
     assert answers[0].info.error == -1000 and answers[0].info.topic_slot == -1
     assert NO_SEQUENCE == -1
+
+
+# ---------------------------------------------------------------------------------------
+# Lifecycle: every transition writes H_STATE
+# ---------------------------------------------------------------------------------------
+
+
+def _state(sh: SharedState) -> tuple[int, int]:
+    return sh.state(), L.I32.unpack_from(sh.view, L.H_FATAL_CODE)[0]
+
+
+def test_lifecycle_writes_every_transition() -> None:
+    sh = shared()
+    life = Lifecycle(sh)
+    assert life.phase is Phase.BOOTSTRAP and not life.ended and life.exit_status is None
+    life.to_running()
+    assert life.phase is Phase.RUNNING and _state(sh) == (L.STATE_RUNNING, 0)
+    life.to_closing()
+    assert life.phase is Phase.CLOSING and _state(sh) == (L.STATE_CLOSING, 0)
+    life.to_ended(L.STATE_CLOSED, ProducerClosedError.code, EXIT_OK)
+    assert life.ended and life.exit_status == EXIT_OK
+    assert _state(sh) == (L.STATE_CLOSED, 0)  # a clean close records no fatal code
+
+
+def test_lifecycle_failure_records_its_code_and_refuses_going_back() -> None:
+    sh = shared()
+    life = Lifecycle(sh)
+    life.to_ended(L.STATE_FAILED, MetadataTimeoutError.code, EXIT_CRASHED)
+    assert _state(sh) == (L.STATE_FAILED, MetadataTimeoutError.code)
+    with pytest.raises(AssertionError):
+        life.to_running()
+    with pytest.raises(AssertionError):
+        life.to_ended(L.STATE_RUNNING, 0, EXIT_OK)
+
+
+# ---------------------------------------------------------------------------------------
+# ProducerIdDriver: when to ask InitProducerId, bump, or wait (a fake clock)
+# ---------------------------------------------------------------------------------------
+
+
+def _driver() -> ProducerIdDriver:
+    return ProducerIdDriver(ProducerIdentity(True), retry_backoff_ms=100, retry_backoff_max_ms=800)
+
+
+def _granted(pid: int = 7, epoch: int = 0) -> InitProducerIdResponse:
+    return InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+
+
+def test_pid_driver_asks_once_metadata_is_known_and_backs_off_on_failures() -> None:
+    d = _driver()
+    never = lambda: pytest.fail("quiet() asked without a pending reset")  # noqa: E731
+    assert d.step(0, never, bootstrapped=False) is PidStep.WAIT
+    assert d.step(0, never, bootstrapped=True) is PidStep.REQUEST
+    d.sent()
+    assert d.step(0, never, bootstrapped=True) is PidStep.WAIT  # one request at a time
+    d.on_lost(10 * MS)
+    first = d.retry_at
+    assert 10 * MS + 80 * MS <= first <= 10 * MS + 120 * MS
+    assert d.next_due_ns(10 * MS) == first
+    assert d.step(first - 1, never, bootstrapped=True) is PidStep.WAIT
+    assert d.step(first, never, bootstrapped=True) is PidStep.REQUEST
+    d.sent()
+    assert not d.on_response(InitProducerIdResponse(error_code=ec.COORDINATOR_NOT_AVAILABLE), first)
+    assert "COORDINATOR_NOT_AVAILABLE" in d.error and d.failures == 2
+    assert d.retry_at - first >= 160 * MS  # grows
+    d.refused("InitProducerId: no version in common", d.retry_at)
+    assert d.failures == 3 and d.error.startswith("InitProducerId:")
+    d.sent()
+    assert d.on_response(_granted(), d.retry_at)
+    assert d.failures == 0 and d.identity.has_id and d.resets_in_a_row == 0
+
+
+def test_pid_driver_resets_only_when_quiet_bumping_first_then_a_new_id() -> None:
+    d = _driver()
+    d.sent()
+    assert d.on_response(_granted(7, 0), 0)
+    ident = d.identity
+    assert d.step(0, lambda: True, bootstrapped=True) is PidStep.WAIT  # no reset pending
+    ident.request_reset()
+    assert d.step(0, lambda: False, bootstrapped=True) is PidStep.WAIT  # not quiet yet
+    assert d.step(0, lambda: True, bootstrapped=True) is PidStep.BUMPED
+    assert (ident.producer_id, ident.producer_epoch) == (7, 1) and d.resets_in_a_row == 1
+    ident.refuse_bump()  # the broker fenced the bumped epoch: a new id from now on
+    assert d.step(0, lambda: True, bootstrapped=True) is PidStep.WAIT  # a reset's backoff
+    later = d.retry_at
+    assert d.step(later, lambda: True, bootstrapped=True) is PidStep.REQUEST
+    d.sent()
+    assert d.on_response(_granted(9, 0), later)
+    assert (ident.producer_id, ident.producer_epoch) == (9, 0) and d.resets_in_a_row == 2
+    assert d.retry_at - later >= 160 * MS  # resets in a row back off more
+    d.batch_acknowledged()
+    assert d.resets_in_a_row == 0
+
+
+def test_pid_driver_is_idle_without_idempotence() -> None:
+    d = ProducerIdDriver(ProducerIdentity(False), 100, 800)
+    assert d.step(0, lambda: True, bootstrapped=True) is PidStep.WAIT
+    d.on_lost(0)
+    assert d.next_due_ns(0) is None
+
+
+# ---------------------------------------------------------------------------------------
+# InFlightLedger: the one count of what is out, mirrored in shared memory
+# ---------------------------------------------------------------------------------------
+
+
+def test_in_flight_ledger_counts_requests_batches_and_partitions() -> None:
+    sh = shared()
+    ledger = InFlightLedger(sh)
+    a, b, c = batch(slot=1), batch(slot=1), batch(slot=2)
+    ledger.sent([a, b])
+    ledger.sent([c])
+    assert (ledger.requests, len(ledger)) == (2, 3)
+    assert dict(ledger.per_partition) == {1: 2, 2: 1}
+    assert set(ledger) == {a, b, c} and a in ledger
+    assert (sh.get(L.S_REQUESTS_IN_FLIGHT), sh.get(L.S_BATCHES_IN_FLIGHT)) == (2, 3)
+    assert (sh.get(L.S_REQUESTS_SENT), sh.get(L.S_BATCHES_REQUESTED)) == (2, 3)
+    with pytest.raises(AssertionError):
+        ledger.sent([a])  # a batch is in one request at a time
+    ledger.done([a, b])
+    assert dict(ledger.per_partition) == {2: 1} and a not in ledger
+    ledger.done([c])
+    assert (ledger.requests, len(ledger), dict(ledger.per_partition)) == (0, 0, {})
+    assert (sh.get(L.S_REQUESTS_IN_FLIGHT), sh.get(L.S_BATCHES_IN_FLIGHT)) == (0, 0)
+    assert (sh.get(L.S_REQUESTS_SENT), sh.get(L.S_BATCHES_REQUESTED)) == (2, 3)  # totals

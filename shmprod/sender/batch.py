@@ -48,7 +48,6 @@ class Batch:
     sequence: int = NO_SEQUENCE  # base sequence assigned at drain (idempotence)
     producer_id: int = -1  # the identity the sequence belongs to
     producer_epoch: int = -1
-    in_flight: bool = False
     # a request carried it with its current sequence and was never answered (lost with
     # its connection, or timed out): the broker may hold it (idempotence)
     maybe_written: bool = False

@@ -1,6 +1,7 @@
 """Idempotence: ONE producer id/epoch for the whole host pool, sequences per partition.
 
-- The id comes from InitProducerId at start (see loop.py).
+- The id comes from InitProducerId at start; when to ask, bump or wait is
+  :mod:`shmprod.sender.producer_id`.
 - Sequences are assigned at drain time, in queue order, and written into the batch in
   shared memory with :func:`shmprod.protocol.records.patch_producer_state` (the CRC
   covers them, so it is recomputed there). A retried batch keeps its sequence.

@@ -11,9 +11,10 @@ owner liveness, request timeouts, delivery timeouts and topic waits (every
 ``HOUSEKEEPING_NS``), metadata and producer id, drain, shutdown progress, and writing
 the control messages produced.
 
-Phases: BOOTSTRAP (until metadata, and the producer id when idempotent, arrived; then
-``Ready(0)`` to the owner) -> RUNNING -> CLOSING (after the owner's ``Shutdown``) ->
-exit. See :mod:`shmprod.sender.lifecycle` for exit statuses.
+Phases (:class:`shmprod.sender.lifecycle.Lifecycle`): BOOTSTRAP (until metadata, and the
+producer id when idempotent, arrived; then ``Ready(0)`` to the owner) -> RUNNING ->
+CLOSING (after the owner's ``Shutdown``) -> ENDED. Every ending goes through
+:meth:`Sender._terminate`. See :mod:`shmprod.sender.lifecycle` for exit statuses.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import selectors
 import socket
 import time
 from collections.abc import Callable, Iterable
-from enum import Enum
+from typing import Protocol
 
 from shmprod import ipc
 from shmprod import layout as L
@@ -58,11 +59,14 @@ from shmprod.sender.batch import NO_BUFFER, NO_SEQUENCE, Batch, SplitGroup
 from shmprod.sender.control import ControlClosed, ControlConn
 from shmprod.sender.drain import Drainer
 from shmprod.sender.idempotence import MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
+from shmprod.sender.inflight import InFlightLedger
+from shmprod.sender.lifecycle import Lifecycle, Phase
 from shmprod.sender.metadata import Metadata, TopicAnswer
 from shmprod.sender.network import ConnectionLost, ConnState, InFlight, NodeConnection
 from shmprod.sender.policy import Action, backoff_ns, decide
 from shmprod.sender.pool import AllocResult, BufferPool
 from shmprod.sender.produce import BatchAnswer, ProduceContext, build_request, match_response
+from shmprod.sender.producer_id import PidStep, ProducerIdDriver
 from shmprod.sender.resolver import Resolver
 from shmprod.sender.shmstate import SharedState
 
@@ -79,33 +83,129 @@ BOOTSTRAP_FALLBACK_FAILURES = 3  # consecutive failures of every known node
 CONN_LOG_EVERY_NS = 10_000 * MS  # connection failures are logged at most this often
 
 
-class Phase(Enum):
-    BOOTSTRAP = "bootstrap"
-    RUNNING = "running"
-    CLOSING = "closing"
+class _Handler(Protocol):
+    """What becomes of one request: the object a request carries as its context, one
+    class per request kind, instead of markers the loop tells apart. Runs in: sender."""
+
+    def on_written(self) -> None:
+        """Fully written and no answer will come (acks=0 produce)."""
+
+    def on_response(self, resp: Response, now: int) -> None:
+        """The broker's answer."""
+
+    def on_lost(self, code: int, reason: str, now: int) -> None:
+        """The connection ended or the request timed out: no answer will come."""
+
+    def on_abort(self, code: int, message: str) -> None:
+        """The sender is ending: fail what the request carries."""
 
 
-class _Marker:
-    """Context of a non-produce request."""
+class _ProduceHandler:
+    """A ProduceRequest's batches (``ctx``): answered, lost (retried or failed by
+    the policy) or aborted."""
 
-    __slots__ = ("name",)
+    __slots__ = ("_s", "ctx")
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, sender: Sender, ctx: ProduceContext) -> None:
+        self._s = sender
+        self.ctx = ctx
+
+    def on_written(self) -> None:
+        self._s._request_done(self.ctx)
+        for batch in self.ctx.batches.values():
+            self._s._finish(batch, 0)
+
+    def on_response(self, resp: Response, now: int) -> None:
+        assert isinstance(resp, ProduceResponse)
+        self._s._request_done(self.ctx)
+        for ans in match_response(self.ctx, resp):
+            ans.batch.unresolved = False  # the broker answered for it
+            self._s._on_batch_answer(ans, now)
+
+    def on_lost(self, code: int, reason: str, now: int) -> None:
+        self._s._request_done(self.ctx)
+        for batch in self.ctx.batches.values():
+            self._s._on_batch_answer(BatchAnswer(batch, code, message=reason), now)
+
+    def on_abort(self, code: int, message: str) -> None:
+        self._s._request_done(self.ctx)
+        for batch in self.ctx.batches.values():
+            self._s._finish(batch, code, message=message)
 
 
-_METADATA = _Marker("metadata")
-_PRODUCER_ID = _Marker("producer id")
+class _MetadataHandler:
+    """A Metadata request: topic answers, gone partitions, bootstrap connections."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, sender: Sender) -> None:
+        self._s = sender
+
+    def on_written(self) -> None:
+        pass
+
+    def on_response(self, resp: Response, now: int) -> None:
+        assert isinstance(resp, MetadataResponse)
+        s = self._s
+        s._send_topic_answers(s.metadata.on_response(resp, now))
+        s._fail_gone_partitions()
+        s._adopt_bootstrap_connections()
+
+    def on_lost(self, code: int, reason: str, now: int) -> None:
+        self._s.metadata.on_failure(now)
+
+    def on_abort(self, code: int, message: str) -> None:
+        pass
 
 
-class _Fence:
+class _ProducerIdHandler:
+    """An InitProducerId request."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, sender: Sender) -> None:
+        self._s = sender
+
+    def on_written(self) -> None:
+        pass
+
+    def on_response(self, resp: Response, now: int) -> None:
+        assert isinstance(resp, InitProducerIdResponse)
+        self._s._on_producer_id(resp, now)
+
+    def on_lost(self, code: int, reason: str, now: int) -> None:
+        self._s.pid.on_lost(now)
+
+    def on_abort(self, code: int, message: str) -> None:
+        pass
+
+
+class _FenceHandler:
     """A request sent at close with acks=0 only to learn, from its answer, that the
     broker read every produce request written before it on that connection."""
 
-    __slots__ = ("node",)
+    __slots__ = ("_s", "node")
 
-    def __init__(self, node: int) -> None:
+    def __init__(self, sender: Sender, node: int) -> None:
+        self._s = sender
         self.node = node
+
+    def on_written(self) -> None:
+        pass
+
+    def on_response(self, resp: Response, now: int) -> None:
+        self._s._fences.discard(self.node)
+
+    def on_lost(self, code: int, reason: str, now: int) -> None:
+        self._s._fences.discard(self.node)
+
+    def on_abort(self, code: int, message: str) -> None:
+        pass
+
+
+def _handler(req: InFlight) -> _Handler:
+    handler: _Handler = req.context
+    return handler
 
 
 class Sender:
@@ -129,6 +229,9 @@ class Sender:
         self.pool = BufferPool(self.shared)
         self.acc = Accumulator(self.shared)
         self.identity = ProducerIdentity(self.cfg.enable_idempotence)
+        self.pid = ProducerIdDriver(
+            self.identity, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms
+        )
         self.metadata = Metadata(
             self.shared,
             max_age_ms=self.cfg.metadata_max_age_ms,
@@ -166,16 +269,9 @@ class Sender:
         self._nodes: dict[int, NodeConnection] = {}  # node id (bootstrap: -1 - index)
         self._reconnect: dict[int, tuple[int, int]] = {}  # key -> (failures, not before)
         self._bootstrap_failures = 0
-        self._part_in_flight: dict[int, int] = {}
-        self._requests_in_flight = 0
-        self._batches_in_flight = 0
+        self.in_flight = InFlightLedger(self.shared)
         self._arrival = 0
 
-        self._pid_in_flight = False
-        self._pid_failures = 0
-        self._pid_retry_at = 0
-        self._flying: set[Batch] = set()  # batches of produce requests not yet completed
-        self._resets_in_a_row = 0  # epoch bumps / new ids with no batch written between
         self._conn_errors = 0  # broker connection failures, and the last one's reason
         self._conn_error = ""
         self._conn_logged = 0
@@ -184,13 +280,14 @@ class Sender:
         self._fenced = False
 
         now = clock()
-        self.phase = Phase.BOOTSTRAP
+        self.life = Lifecycle(self.shared)
+        self._metadata_handler = _MetadataHandler(self)
+        self._pid_handler = _ProducerIdHandler(self)
         wait_ms = max(self.cfg.max_block_ms, MIN_BOOTSTRAP_WAIT_MS)
         self._bootstrap_deadline = now + wait_ms * MS
         self._bootstrap_error = ""
         self._shutdown_deadline = 0
         self._next_housekeeping = now
-        self.exit_code: int | None = None
 
     # =====================================================================================
     # The loop
@@ -200,14 +297,14 @@ class Sender:
         """Runs until shutdown, owner death, bootstrap failure or a crash; returns the
         exit status. An unexpected exception sends Fatal to every worker first."""
         try:
-            while self.exit_code is None:
+            while not self.life.ended:
                 self.step()
         except Exception as exc:
             self._crash(exc)
-            self.exit_code = lifecycle.EXIT_CRASHED
         finally:
             self._close_everything()
-        return self.exit_code
+        assert self.life.exit_status is not None
+        return self.life.exit_status
 
     def step(self) -> None:
         """One iteration: select, handle events, run timers."""
@@ -232,7 +329,7 @@ class Sender:
                     self._on_node_writable(data, now)
                 if mask & selectors.EVENT_READ and data.sock is not None:
                     self._on_node_readable(data, now)
-            if self.exit_code is not None:
+            if self.life.ended:
                 return
         self._tick(now)
 
@@ -240,22 +337,22 @@ class Sender:
         if not self._owner_gone and not self._owner_alive():
             log.warning("the owner process is gone")
             self._owner_lost(now)
-        if self.exit_code is not None:
+        if self.life.ended:
             return
         self._check_node_timeouts(now)
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_NS
             self._housekeeping(now)
-        if self.exit_code is not None:
+        if self.life.ended:
             return
-        if self.phase is Phase.BOOTSTRAP and now >= self._bootstrap_deadline:
+        if self.life.phase is Phase.BOOTSTRAP and now >= self._bootstrap_deadline:
             self._bootstrap_failed(now)
             return
         self._drive_metadata(now)
         self._drive_producer_id(now)
         self._maybe_ready()
         self._drain(now)
-        if self.phase is Phase.CLOSING:
+        if self.life.phase is Phase.CLOSING:
             self._progress_shutdown(now)
         self._flush_controls()
         self._sync_interest()
@@ -263,10 +360,10 @@ class Sender:
     def _next_wakeup(self, now: int) -> int:
         busy = (
             len(self.acc)
-            or self._requests_in_flight
+            or self.in_flight.requests
             or self.pool.n_waiting
             or self.metadata.has_waiters
-            or self.phase is not Phase.RUNNING
+            or self.life.phase is not Phase.RUNNING
         )
         at = now + (HOUSEKEEPING_NS if busy else IDLE_WAIT_NS)
         candidates: list[int | None] = [
@@ -274,12 +371,11 @@ class Sender:
             self.acc.next_retry_ns(),
         ]
         candidates.extend(c.next_deadline_ns() for c in self._nodes.values())
-        if self.phase is Phase.BOOTSTRAP:
+        if self.life.phase is Phase.BOOTSTRAP:
             candidates.append(self._bootstrap_deadline)
-        if self.phase is Phase.CLOSING:
+        if self.life.phase is Phase.CLOSING:
             candidates.append(self._shutdown_deadline)
-        if self.identity.enabled and self._pid_retry_at > now:
-            candidates.append(self._pid_retry_at)
+        candidates.append(self.pid.next_due_ns(now))
         for c in candidates:
             if c is not None and c < at:
                 at = c
@@ -328,7 +424,7 @@ class Sender:
                 self._drop_control(conn, now)
         for batch in self.acc.expire(now):
             self._expired(batch)
-        for batch in self._flying:
+        for batch in self.in_flight:
             if batch.deadline_ns <= now and not batch.reported:
                 # KIP-91, as Java: the outcome goes out at the deadline; the batch keeps
                 # its buffers and its place until the broker answers or the request times
@@ -390,7 +486,7 @@ class Sender:
             self._control_gone(conn, now)
             return
         for msg in msgs:
-            if conn.closed or self.exit_code is not None:
+            if conn.closed or self.life.ended:
                 return
             self._on_message(conn, msg, now)
 
@@ -457,9 +553,9 @@ class Sender:
         self._post(conn, ipc.Welcome(slot))
         if conn.owner:
             self._owner = conn
-            if self.phase is not Phase.BOOTSTRAP:
+            if self.life.phase is not Phase.BOOTSTRAP:
                 self._post(conn, ipc.Ready(0))
-        if self.phase is Phase.CLOSING:
+        if self.life.phase is Phase.CLOSING:
             self._post(
                 conn,
                 ipc.Fatal(ProducerClosedError.code, "the producer is being closed by its owner"),
@@ -517,7 +613,7 @@ class Sender:
                     self._post(target, a.info)
 
     def _on_topic_request(self, conn: ControlConn, msg: ipc.TopicRequest, now: int) -> None:
-        if self.phase is Phase.CLOSING:
+        if self.life.phase is Phase.CLOSING:
             code = ProducerClosedError.code
         elif not 0 < len(msg.name.encode("utf-8")) <= L.MAX_TOPIC_NAME:
             code = InvalidTopicError.code
@@ -733,7 +829,7 @@ class Sender:
                 return
         d = decide(code, batch, self.identity, self.cfg.retries, now)
         if d.action is Action.SUCCEED:
-            self._resets_in_a_row = 0
+            self.pid.batch_acknowledged()
             self.identity.acknowledge(batch)
             self._finish(batch, 0, ans.base_offset, ans.log_append_time_ms)
             return
@@ -859,20 +955,7 @@ class Sender:
         return self.view[off : off + batch.length]
 
     def _request_done(self, ctx: ProduceContext) -> None:
-        self._requests_in_flight -= 1
-        self.shared.set(L.S_REQUESTS_IN_FLIGHT, self._requests_in_flight)
-        for batch in ctx.batches.values():
-            batch.in_flight = False
-            self._flying.discard(batch)
-            slot = batch.partition_slot
-            n = self._part_in_flight.get(slot, 1) - 1
-            if n:
-                self._part_in_flight[slot] = n
-            else:
-                self._part_in_flight.pop(slot, None)
-            self.shared.set_partition_in_flight(slot, n)
-        self._batches_in_flight -= len(ctx.batches)
-        self.shared.set(L.S_BATCHES_IN_FLIGHT, self._batches_in_flight)
+        self.in_flight.done(ctx.batches.values())
 
     # =====================================================================================
     # Brokers
@@ -923,7 +1006,7 @@ class Sender:
         # CONN_LOG_EVERY_NS with how many happened meanwhile
         if now >= self._conn_log_at:
             waiting = " (retrying; sends wait, up to delivery_timeout_ms)"
-            if self.phase is Phase.BOOTSTRAP:
+            if self.life.phase is Phase.BOOTSTRAP:
                 waiting = f" (retrying until max_block_ms={self.cfg.max_block_ms} for metadata)"
             more = self._conn_errors - self._conn_logged
             log.warning(
@@ -991,11 +1074,7 @@ class Sender:
     def _on_written(self, written: list[InFlight]) -> None:
         """acks=0: a fully written request is the batches' completion (no offsets)."""
         for req in written:
-            ctx = req.context
-            if isinstance(ctx, ProduceContext):
-                self._request_done(ctx)
-                for batch in ctx.batches.values():
-                    self._finish(batch, 0)
+            _handler(req).on_written()
 
     def _on_node_readable(self, conn: NodeConnection, now: int) -> None:
         was_ready = conn.ready
@@ -1008,7 +1087,7 @@ class Sender:
             self._reconnect.pop(conn.node_id, None)
             log.debug("connected to %r", conn)
         for req, resp in answers:
-            self._on_answer(conn, req, resp, now)
+            _handler(req).on_response(resp, now)
         if conn.ready and conn.wants_write:
             self._flush_node(conn, now)
 
@@ -1033,42 +1112,9 @@ class Sender:
         self._connection_failed(key, str(exc), now)
         code = ec.REQUEST_TIMED_OUT if exc.timed_out else ec.NETWORK_EXCEPTION
         for req in lost:
-            self._request_lost(req, code, str(exc), now)
+            _handler(req).on_lost(code, str(exc), now)
         if self.metadata.bootstrapped:
             self.metadata.request_refresh(now)
-
-    def _request_lost(self, req: InFlight, code: int, reason: str, now: int) -> None:
-        ctx = req.context
-        if isinstance(ctx, ProduceContext):
-            self._request_done(ctx)
-            for batch in ctx.batches.values():
-                self._on_batch_answer(BatchAnswer(batch, code, message=reason), now)
-        elif ctx is _METADATA:
-            self.metadata.on_failure(now)
-        elif ctx is _PRODUCER_ID:
-            self._pid_in_flight = False
-            self._pid_failed(now)
-        elif isinstance(ctx, _Fence):
-            self._fences.discard(ctx.node)
-
-    def _on_answer(self, conn: NodeConnection, req: InFlight, resp: Response, now: int) -> None:
-        ctx = req.context
-        if isinstance(ctx, ProduceContext):
-            assert isinstance(resp, ProduceResponse)
-            self._request_done(ctx)
-            for ans in match_response(ctx, resp):
-                ans.batch.unresolved = False  # the broker answered for it
-                self._on_batch_answer(ans, now)
-        elif ctx is _METADATA:
-            assert isinstance(resp, MetadataResponse)
-            self._send_topic_answers(self.metadata.on_response(resp, now))
-            self._fail_gone_partitions()
-            self._adopt_bootstrap_connections()
-        elif ctx is _PRODUCER_ID:
-            assert isinstance(resp, InitProducerIdResponse)
-            self._on_producer_id(resp, now)
-        elif isinstance(ctx, _Fence):
-            self._fences.discard(ctx.node)
 
     def _adopt_bootstrap_connections(self) -> None:
         """A bootstrap connection to a node's advertised address becomes that node's
@@ -1096,7 +1142,7 @@ class Sender:
             return
         try:
             req = self.metadata.build_request()
-            conn.send(req, MetadataResponse, _METADATA, now)
+            conn.send(req, MetadataResponse, self._metadata_handler, now)
         except UnsupportedVersionError as exc:
             self.metadata.on_failure(now)
             self._bootstrap_error = str(exc)
@@ -1106,79 +1152,57 @@ class Sender:
         self._flush_node(conn, now)
 
     def _drive_producer_id(self, now: int) -> None:
+        step = self.pid.step(now, self._reset_may_proceed, self.metadata.bootstrapped)
         ident = self.identity
-        if not ident.enabled or self._pid_in_flight or now < self._pid_retry_at:
-            return
-        if ident.has_id and not (
-            ident.reset_pending and self._requests_in_flight == 0 and not self._fates_unknown()
-        ):
-            return
-        if ident.has_id and ident.bump_epoch():
+        if step is PidStep.BUMPED:
             self.acc.clear_sequences()
             self.shared.add(L.S_EPOCH_BUMPS, 1)
-            self._reset_done(now)
             log.info("producer id %d: epoch bumped to %d", ident.producer_id, ident.producer_epoch)
             return
-        if not self.metadata.bootstrapped:
+        if step is not PidStep.REQUEST:
             return
         conn = self._any_ready_conn(now)
         if conn is None:
             return
         try:
-            conn.send(InitProducerIdRequest(), InitProducerIdResponse, _PRODUCER_ID, now)
+            conn.send(InitProducerIdRequest(), InitProducerIdResponse, self._pid_handler, now)
         except UnsupportedVersionError as exc:
-            self._bootstrap_error = f"InitProducerId: {exc}"
-            self._pid_failed(now)
+            self.pid.refused(f"InitProducerId: {exc}", now)
+            self._bootstrap_error = self.pid.error
             return
-        self._pid_in_flight = True
+        self.pid.sent()
         self._flush_node(conn, now)
 
     def _on_producer_id(self, resp: InitProducerIdResponse, now: int) -> None:
-        self._pid_in_flight = False
-        if resp.error_code:
-            self._bootstrap_error = f"InitProducerId answered {ec.error_name(resp.error_code)}"
+        renewed = self.identity.has_id
+        if not self.pid.on_response(resp, now):
+            self._bootstrap_error = self.pid.error
             log.warning("%s", self._bootstrap_error)
-            self._pid_failed(now)
             return
-        self._pid_failures = 0
-        if self.identity.has_id:
+        if renewed:
             self.shared.add(L.S_PRODUCER_ID_RESETS, 1)
-            self._reset_done(now)
-        self.identity.set_identity(resp.producer_id, resp.producer_epoch)
         self.acc.clear_sequences()
         log.info("producer id %d epoch %d", resp.producer_id, resp.producer_epoch)
 
-    def _fates_unknown(self) -> bool:
-        """Whether a queued batch was sent under the current identity and never answered
-        (a reset waits until the broker has answered for each: see idempotence.py). Only
-        queue heads count: behind a head the broker answered, nothing can be written."""
+    def _reset_may_proceed(self) -> bool:
+        """Nothing in flight, and no queued batch was sent under the current identity and
+        never answered (a reset waits until the broker has answered for each: see
+        idempotence.py). Only queue heads count: behind a head the broker answered,
+        nothing can be written."""
+        if self.in_flight.requests:
+            return False
         resolving = self.identity.resolving
-        return any(
+        return not any(
             (head := self.acc.head(slot)) is not None and resolving(head)
             for slot in self.acc.ready_slots()
         )
 
-    def _reset_done(self, now: int) -> None:
-        """After an epoch bump or a new id: the next reset waits a backoff that grows
-        while resets follow each other with no batch written between them."""
-        self._resets_in_a_row += 1
-        self._pid_retry_at = now + backoff_ns(
-            self._resets_in_a_row, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms
-        )
-
-    def _pid_failed(self, now: int) -> None:
-        self._pid_failures += 1
-        self._pid_retry_at = now + backoff_ns(
-            self._pid_failures, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms
-        )
-
     def _maybe_ready(self) -> None:
-        if self.phase is not Phase.BOOTSTRAP or not self.metadata.bootstrapped:
+        if self.life.phase is not Phase.BOOTSTRAP or not self.metadata.bootstrapped:
             return
         if self.identity.enabled and not self.identity.has_id:
             return
-        self.phase = Phase.RUNNING
-        self.shared.set_state(L.STATE_RUNNING)
+        self.life.to_running()
         if self._owner is not None:
             self._post(self._owner, ipc.Ready(0))
         log.info("ready")
@@ -1194,43 +1218,28 @@ class Sender:
                 f" (last error: {self._bootstrap_error}; {self._conn_errors} connection failure(s))"
             )
         log.error("%s", message)
-        self.shared.set_state(L.STATE_FAILED, code)
-        for conn in list(self._ctl.values()):
-            if conn.authenticated:
-                if conn is self._owner:
-                    self._post(conn, ipc.Ready(code, message))
-                self._post(conn, ipc.Fatal(code, message))
-        self._abort_all(code, message)
-        self._flush_controls_bounded()
-        self.exit_code = lifecycle.EXIT_BOOTSTRAP_FAILED
+        self._terminate(code, message, lifecycle.EXIT_BOOTSTRAP_FAILED)
 
     def _security_failed(self, error: Exception) -> None:
         """TLS or SASL refused by a broker: at start the owner's ``Ready`` carries the
         error (``Producer()`` raises it); later every worker gets ``Fatal``. Queued and
-        in-flight batches fail with it; the sender exits."""
+        in-flight batches fail with it; the sender exits (with the bootstrap status only
+        while bootstrapping)."""
         code = getattr(error, "code", ProducerError.code)
         message = str(error)
         log.error("%s", message)
-        self.shared.set_state(L.STATE_FAILED, code)
-        for conn in list(self._ctl.values()):
-            if conn.authenticated:
-                if conn is self._owner and self.phase is Phase.BOOTSTRAP:
-                    self._post(conn, ipc.Ready(code, message))
-                self._post(conn, ipc.Fatal(code, message))
-        self._send_grants(self.pool.close())
-        self._send_topic_answers(self.metadata.fail_waiters(code))
-        self._abort_all(code, message)
-        self._flush_controls_bounded()
-        self.exit_code = lifecycle.EXIT_BOOTSTRAP_FAILED
+        bootstrapping = self.life.phase is Phase.BOOTSTRAP
+        status = lifecycle.EXIT_BOOTSTRAP_FAILED if bootstrapping else lifecycle.EXIT_FAILED
+        self._terminate(code, message, status)
 
     # -- drain ---------------------------------------------------------------------------
 
     def _drain(self, now: int) -> None:
-        if self.phase is Phase.BOOTSTRAP or not len(self.acc) or not self.identity.can_drain:
+        if self.life.phase is Phase.BOOTSTRAP or not len(self.acc) or not self.identity.can_drain:
             return
         only = self.identity.resolving if self.identity.reset_pending else None
         by_node, no_leader = self.drainer.ready_by_leader(
-            self.acc, self.metadata.leader, self._part_in_flight, now, only
+            self.acc, self.metadata.leader, self.in_flight.per_partition, now, only
         )
         if no_leader:
             self.metadata.request_refresh(now)
@@ -1239,7 +1248,9 @@ class Sender:
             if conn is None or not conn.ready:
                 continue
             while conn.ready and conn.in_flight < self.max_in_flight:
-                batches = self.drainer.drain(node, slots, self.acc, self._part_in_flight, now, only)
+                batches = self.drainer.drain(
+                    node, slots, self.acc, self.in_flight.per_partition, now, only
+                )
                 if not batches:
                     break
                 self._send_produce(conn, batches, now)
@@ -1288,27 +1299,17 @@ class Sender:
             timeout_ms=self.cfg.request_timeout_ms,
         )
         try:
-            conn.send(req, ProduceResponse if self.cfg.acks != 0 else None, ctx, now)
+            answer = ProduceResponse if self.cfg.acks != 0 else None
+            conn.send(req, answer, _ProduceHandler(self, ctx), now)
         except UnsupportedVersionError as exc:
             for batch in batches:
                 self._finish(batch, ec.UNSUPPORTED_VERSION, message=str(exc))
             return
         for batch in batches:
-            batch.in_flight = True
-            self._flying.add(batch)
             batch.unresolved = ident.enabled
-            slot = batch.partition_slot
-            n = self._part_in_flight.get(slot, 0) + 1
-            self._part_in_flight[slot] = n
-            self.shared.set_partition_in_flight(slot, n)
             if batch.data is None:
                 self.shared.set_descriptor_state(batch.buffer, L.BUF_IN_FLIGHT)
-        self._requests_in_flight += 1
-        self._batches_in_flight += len(batches)
-        self.shared.add(L.S_REQUESTS_SENT, 1)
-        self.shared.add(L.S_BATCHES_REQUESTED, len(batches))
-        self.shared.set(L.S_REQUESTS_IN_FLIGHT, self._requests_in_flight)
-        self.shared.set(L.S_BATCHES_IN_FLIGHT, self._batches_in_flight)
+        self.in_flight.sent(batches)
         self._flush_node(conn, now)
 
     # =====================================================================================
@@ -1317,34 +1318,29 @@ class Sender:
 
     def _begin_shutdown(self, timeout_ms: int, now: int) -> None:
         """The owner's Shutdown: stop granting, send what is queued until the deadline."""
-        if self.phase is Phase.CLOSING:
+        if self.life.phase is Phase.CLOSING:
             return
-        was_bootstrapping = self.phase is Phase.BOOTSTRAP
-        self.phase = Phase.CLOSING
+        was_bootstrapping = self.life.phase is Phase.BOOTSTRAP
+        self.life.to_closing()
         self._shutdown_deadline = now + timeout_ms * MS
         if was_bootstrapping:
             self._shutdown_deadline = now  # nothing can be sent: finish at once
-        self.shared.set_state(L.STATE_CLOSING)
         self._send_grants(self.pool.close())
         self._send_topic_answers(self.metadata.fail_waiters(ProducerClosedError.code))
         log.info("shutting down (timeout %d ms)", timeout_ms)
 
     def _progress_shutdown(self, now: int) -> None:
-        idle = not len(self.acc) and not self._requests_in_flight
+        idle = not len(self.acc) and not self.in_flight.requests
         if idle and self.cfg.acks == 0 and not self._fenced and now < self._shutdown_deadline:
             self._send_fences(now)
         if (not idle or self._fences) and now < self._shutdown_deadline:
             return
-        code = ProducerClosedError.code
-        self._abort_all(code, "the producer closed before this batch was delivered")
-        for conn in list(self._ctl.values()):
-            if conn.authenticated:
-                self._post(conn, ipc.Fatal(code, "the producer was closed by its owner"))
-        self._flush_controls_bounded()
-        self.shared.set_state(L.STATE_CLOSED)
-        if self._owner_gone:
-            lifecycle.remove_producer_files(self.spec.segment, self.spec.socket_path)
-        self.exit_code = lifecycle.EXIT_OK
+        self._terminate(
+            ProducerClosedError.code,
+            "the producer was closed by its owner",
+            lifecycle.EXIT_OK,
+            batch_message="the producer closed before this batch was delivered",
+        )
         log.info("closed")
 
     def _send_fences(self, now: int) -> None:
@@ -1360,7 +1356,7 @@ class Sender:
                 conn.send(
                     MetadataRequest(topics=[], allow_auto_topic_creation=False),
                     MetadataResponse,
-                    _Fence(conn.node_id),
+                    _FenceHandler(self, conn.node_id),
                     now,
                 )
             except UnsupportedVersionError:
@@ -1373,47 +1369,67 @@ class Sender:
         if self._owner_gone:
             return
         self._owner_gone = True
-        if self.phase is Phase.CLOSING:
+        if self.life.phase is Phase.CLOSING:
             return  # finish the shutdown, then remove the files the owner would have
-        code = OwnerDiedError.code
         message = "the process that created the producer died"
         log.warning("%s: shutting down and removing the segment", message)
+        self._terminate(OwnerDiedError.code, message, lifecycle.EXIT_OWNER_DIED)
+
+    def _terminate(
+        self, code: int, message: str, exit_status: int, *, batch_message: str = ""
+    ) -> None:
+        """The one ending. H_STATE says how it ended (STATE_CLOSED for a clean shutdown,
+        else STATE_FAILED with ``code``); no grant or topic answer is left waiting; every
+        batch queued or in flight completes with ``code`` (``batch_message``, default
+        ``message``); during bootstrap the owner's pending ``Producer()`` gets
+        ``Ready(code, message)``; every worker gets ``Fatal(code, message)``; the files
+        go when the owner is gone; the loop then ends with ``exit_status``. Runs in:
+        sender."""
+        bootstrapping = self.life.phase is Phase.BOOTSTRAP
+        closed = exit_status == lifecycle.EXIT_OK
+        self.life.to_ended(L.STATE_CLOSED if closed else L.STATE_FAILED, code, exit_status)
         self._send_grants(self.pool.close())
         self._send_topic_answers(self.metadata.fail_waiters(code))
-        self._abort_all(code, message)
+        self._abort_all(code, batch_message or message)
         for conn in list(self._ctl.values()):
             if conn.authenticated:
+                if bootstrapping and conn is self._owner:
+                    self._post(conn, ipc.Ready(code, message))
                 self._post(conn, ipc.Fatal(code, message))
         self._flush_controls_bounded()
-        self.shared.set_state(L.STATE_FAILED, code)
-        lifecycle.remove_producer_files(self.spec.segment, self.spec.socket_path)
-        self.exit_code = lifecycle.EXIT_OWNER_DIED
+        if self._owner_gone:
+            lifecycle.remove_producer_files(self.spec.segment, self.spec.socket_path)
 
     def _abort_all(self, code: int, message: str) -> None:
         """Completes every batch in flight or queued with ``code``."""
         for conn in list(self._nodes.values()):
             self._forget_socket(conn.sock)
             for req in conn.close():
-                ctx = req.context
-                if isinstance(ctx, ProduceContext):
-                    self._request_done(ctx)
-                    for batch in ctx.batches.values():
-                        self._finish(batch, code, message=message)
+                _handler(req).on_abort(code, message)
         self._nodes.clear()
         for batch in self.acc.remove_all():
             self._finish(batch, code, message=message)
 
     def _crash(self, exc: BaseException) -> None:
-        """An unexpected error: every worker gets Fatal (no future may hang)."""
+        """An unexpected error: the usual ending when it can still run, else at least
+        H_STATE and Fatal to every worker (no future may hang); exit status 1."""
         log.critical("sender failed", exc_info=exc)
         code = ProducerError.code
         message = f"the sender process failed: {type(exc).__name__}: {exc}"
+        bootstrapping = self.life.phase is Phase.BOOTSTRAP
+        if not self.life.ended:
+            try:
+                self._terminate(code, message, lifecycle.EXIT_CRASHED)
+                return
+            except Exception:
+                log.exception("ending after that failure failed too")
         with contextlib.suppress(Exception):
-            self.shared.set_state(L.STATE_FAILED, code)
+            self.life.to_ended(L.STATE_FAILED, code, lifecycle.EXIT_CRASHED)
+        self.life.exit_status = lifecycle.EXIT_CRASHED
         for conn in list(self._ctl.values()):
             if conn.authenticated and not conn.closed:
                 with contextlib.suppress(Exception):
-                    if conn is self._owner and self.phase is Phase.BOOTSTRAP:
+                    if conn is self._owner and bootstrapping:
                         conn.queue(ipc.Ready(code, message))
                     conn.queue(ipc.Fatal(code, message))
                     self._dirty.add(conn)

@@ -127,8 +127,8 @@ _OPENING = (
 @dataclass(slots=True, eq=False)
 class InFlight:
     """A request queued or written and not yet answered (or, for acks=0, not yet
-    written). ``context`` is the loop's: batches of a produce request, a marker for
-    metadata or InitProducerId."""
+    written). ``context`` is the loop's: the handler of what becomes of the request
+    (``shmprod.sender.loop._Handler``)."""
 
     correlation_id: int
     api_key: int

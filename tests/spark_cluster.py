@@ -27,11 +27,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import psutil
+
+from tests.readback import Landed, consume_all
 
 LOOPBACK = "127.0.0.1"
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -322,3 +325,26 @@ def wait_gone(runtime: Path, timeout_s: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+# -- the rows the cluster tests write, and what they check ---------------------------------
+
+IDLE_MS = 1500
+
+
+def rows(spark: Any, n: int, parts: int) -> Any:
+    return spark.range(0, n, numPartitions=parts).selectExpr(
+        "concat('value-', id) AS value", "cast(id % 101 as string) AS key"
+    )
+
+
+def check_all(bootstrap: str, topic: str, partitions: int, n: int) -> list[Landed]:
+    """Every row landed at least once; returns every record read."""
+    landed = consume_all(bootstrap, topic, partitions, n, 120, extra_wait_s=1)
+    records = [r for recs in landed.values() for r in recs]
+    assert {r.value for r in records} == {b"value-%d" % i for i in range(n)}
+    return records
+
+
+def times_landed(records: list[Landed]) -> Counter[bytes | None]:
+    return Counter(r.value for r in records)

@@ -18,7 +18,7 @@ pytest.importorskip("celery", reason="the celery extra is not installed")
 
 from celery import Celery
 
-from tests.test_celery import RESULT_TIMEOUT_S, start_worker, stop_and_check
+from tests.celery_worker import RESULT_TIMEOUT_S, start_worker, stop_and_check
 from workers import celery_app
 
 pytestmark = [pytest.mark.broker, pytest.mark.celery, pytest.mark.slow]

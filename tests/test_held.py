@@ -12,7 +12,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_worker_fakesender import FakeSender
 
 from shmprod import Producer, speedups
 from shmprod.broker import EmbeddedBroker
@@ -22,6 +21,7 @@ from shmprod.worker import Worker, attach
 from shmprod.worker.bulk import Columns
 from shmprod.worker.held import _concat
 from shmprod.worker.staging import HeldCalls
+from tests.fake_sender import FakeSender
 from tests.readback import consume_all
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from readback import consume_all
-from test_sender_e2e import WAIT, FakeWorker, Owner, shutdown, values
 
 from shmprod import ipc
 from shmprod import layout as L
@@ -23,6 +22,7 @@ from shmprod.broker import EmbeddedBroker, free_port
 from shmprod.connection import BrokerConnection
 from shmprod.errors import CorruptBatchError, DeliveryTimeoutError
 from shmprod.protocol.records import decode_batches
+from tests.sender_peers import WAIT, FakeWorker, Owner, shutdown, values
 
 pytestmark = pytest.mark.broker
 

@@ -22,7 +22,6 @@ import pytest
 
 from shmprod.broker import EmbeddedBroker
 from tests.procs import broker_connections, segments, senders
-from tests.readback import Landed, consume_all
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
@@ -30,17 +29,19 @@ import shmprod.spark
 from shmprod.spark import local_session
 from shmprod.spark.sink import LINEAGE_HEADERS
 from tests.spark_cluster import (
+    IDLE_MS,
+    check_all,
     children,
     host_daemons,
     private_runtime,
+    rows,
     stop_and_reap,
+    times_landed,
     wait_for_executors,
     wait_gone,
 )
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
-
-IDLE_MS = 1500
 
 
 @pytest.fixture(scope="module")
@@ -94,24 +95,6 @@ class Sampler:
         for pid, n in broker_connections(self.port).items():
             self.max_connections[pid] = max(self.max_connections[pid], n)
         self.segments |= segments() - self._before_segments
-
-
-def rows(spark: Any, n: int, parts: int) -> Any:
-    return spark.range(0, n, numPartitions=parts).selectExpr(
-        "concat('value-', id) AS value", "cast(id % 101 as string) AS key"
-    )
-
-
-def check_all(bootstrap: str, topic: str, partitions: int, n: int) -> list[Landed]:
-    """Every row landed at least once; returns every record read."""
-    landed = consume_all(bootstrap, topic, partitions, n, 120, extra_wait_s=1)
-    records = [r for recs in landed.values() for r in recs]
-    assert {r.value for r in records} == {b"value-%d" % i for i in range(n)}
-    return records
-
-
-def times_landed(records: list[Landed]) -> Counter[bytes | None]:
-    return Counter(r.value for r in records)
 
 
 def test_executors_on_one_host_share_one_producer_and_one_connection(

@@ -18,8 +18,16 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 import shmprod.spark
 from shmprod.spark import stop_session
-from tests.spark_cluster import session, standalone_cluster, wait_for_executors, wait_gone
-from tests.test_spark_cluster import IDLE_MS, check_all, rows, times_landed
+from tests.spark_cluster import (
+    IDLE_MS,
+    check_all,
+    rows,
+    session,
+    standalone_cluster,
+    times_landed,
+    wait_for_executors,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 

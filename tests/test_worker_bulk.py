@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_worker_fakesender import FakeSender
 
 from shmprod.errors import (
     BufferExhaustedError,
@@ -23,6 +22,7 @@ from shmprod.partitioner import partitions_for_keys
 from shmprod.protocol import compression as C
 from shmprod.protocol.records import Record
 from shmprod.worker import Worker, attach
+from tests.fake_sender import FakeSender
 
 
 def landed_rows(fake: FakeSender, md: BatchMetadata) -> list[Record]:

@@ -12,7 +12,6 @@ import time
 
 import multiprocess
 import pytest
-from test_worker_fakesender import FakeSender
 
 from shmprod.errors import (
     FlushTimeoutError,
@@ -25,6 +24,7 @@ from shmprod.errors import (
 from shmprod.futures import RecordFuture
 from shmprod.handle import Handle
 from shmprod.worker import Worker, attach
+from tests.fake_sender import FakeSender
 
 # Python 3.12+ warns when forking a process that runs threads (the fake sender, the I/O
 # thread); these tests fork on purpose, with children that only use what they attach.

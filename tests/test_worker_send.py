@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 import pytest
-from test_worker_fakesender import FakeSender
 
 from shmprod.errors import (
     BufferExhaustedError,
@@ -26,6 +25,7 @@ from shmprod.errors import (
 from shmprod.partitioner import partition_for_key
 from shmprod.protocol import compression as C
 from shmprod.worker import Worker, attach
+from tests.fake_sender import FakeSender
 
 SLOW_LINGER = {"linger_ms": 60_000, "delivery_timeout_ms": 200_000}
 

@@ -7,7 +7,9 @@ import random
 
 import pytest
 
+from shmprod import ipc
 from shmprod import layout as L
+from shmprod.config import ProducerConfig
 from shmprod.errors import (
     BufferExhaustedError,
     DeliveryTimeoutError,
@@ -25,6 +27,7 @@ from shmprod.protocol.messages import (
 )
 from shmprod.sender.accumulator import Accumulator
 from shmprod.sender.batch import NO_SEQUENCE, Batch
+from shmprod.sender.completions import Completions
 from shmprod.sender.drain import Drainer
 from shmprod.sender.idempotence import ProducerIdentity, next_sequence
 from shmprod.sender.inflight import InFlightLedger
@@ -32,6 +35,7 @@ from shmprod.sender.lifecycle import EXIT_CRASHED, EXIT_OK, Lifecycle, Phase
 from shmprod.sender.metadata import Metadata
 from shmprod.sender.policy import Action, backoff_ns, decide
 from shmprod.sender.pool import BufferPool
+from shmprod.sender.produce import BatchAnswer
 from shmprod.sender.producer_id import PidStep, ProducerIdDriver
 from shmprod.sender.shmstate import SharedState
 
@@ -655,3 +659,67 @@ def test_in_flight_ledger_counts_requests_batches_and_partitions() -> None:
     assert (ledger.requests, len(ledger), dict(ledger.per_partition)) == (0, 0, {})
     assert (sh.get(L.S_REQUESTS_IN_FLIGHT), sh.get(L.S_BATCHES_IN_FLIGHT)) == (0, 0)
     assert (sh.get(L.S_REQUESTS_SENT), sh.get(L.S_BATCHES_REQUESTED)) == (2, 3)  # totals
+
+
+# ---------------------------------------------------------------------------------------
+# Completions alone: answers, retries, one report per batch
+# ---------------------------------------------------------------------------------------
+
+
+def _completions(retries: int = 3) -> tuple[Completions, list[ipc.Message], SharedState]:
+    sh = shared()
+    ident = ProducerIdentity(False)
+    posted: list[ipc.Message] = []
+    cfg = ProducerConfig(
+        bootstrap_servers="127.0.0.1:9",
+        retries=retries,
+        retry_backoff_ms=10,
+        enable_idempotence=False,
+    )
+    c = Completions(
+        cfg,
+        sh.view,
+        sh.geo,
+        sh,
+        BufferPool(sh),
+        Accumulator(sh),
+        new_metadata(sh),
+        ident,
+        ProducerIdDriver(ident, 10, 100),
+        InFlightLedger(sh),
+        post_to=lambda origin, msg: posted.append(msg),
+        send_grants=lambda results: None,
+        connection_trouble=lambda: "refused; 2 connection failure(s) so far",
+    )
+    return c, posted, sh
+
+
+def _piece(**kw: int) -> Batch:
+    b = batch(**kw)
+    b.data = bytearray(b.length)  # the sender's own memory: no pool buffer to free
+    return b
+
+
+def test_completions_retry_with_backoff_then_succeed_once() -> None:
+    c, posted, sh = _completions()
+    b = _piece(batch_id=7, count=3)
+    c.on_answer(BatchAnswer(b, ec.NOT_ENOUGH_REPLICAS), 5 * MS)
+    assert posted == [] and len(c.acc) == 1 and b.attempts == 1
+    assert 5 * MS + 8 * MS <= b.retry_at_ns <= 5 * MS + 12 * MS
+    assert stat(sh, L.S_RETRIES) == 1 and stat(sh, L.S_ERRORS) == 1
+    c.on_answer(BatchAnswer(b, 0, base_offset=40), 20 * MS)
+    assert posted == [ipc.Done(7, 0, 40, -1, False, "")]
+    assert (stat(sh, L.S_BATCHES_SENT), stat(sh, L.S_RECORDS_SENT)) == (1, 3)
+    c.report(b, DeliveryTimeoutError.code)  # already reported: nothing more
+    assert len(posted) == 1
+
+
+def test_completions_fail_when_retries_run_out_and_name_the_last_error() -> None:
+    c, posted, _ = _completions(retries=0)
+    b = _piece(batch_id=8)
+    c.on_answer(BatchAnswer(b, ec.NOT_ENOUGH_REPLICAS, message="isr 1 < 2"), 0)
+    (done,) = posted
+    assert isinstance(done, ipc.Done) and done.error == ec.NOT_ENOUGH_REPLICAS
+    assert done.retriable and "isr 1 < 2" in done.message
+    never = _piece(batch_id=9)
+    assert c.last_error(never) == " (last error: refused; 2 connection failure(s) so far)"

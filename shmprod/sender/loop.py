@@ -26,14 +26,12 @@ import selectors
 import socket
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
 
 from shmprod import ipc
 from shmprod import layout as L
-from shmprod.config import ProducerConfig, parse_bootstrap
+from shmprod.config import ProducerConfig
 from shmprod.errors import (
     CorruptBatchError,
-    DeliveryTimeoutError,
     InvalidTopicError,
     MetadataTimeoutError,
     OwnerDiedError,
@@ -55,15 +53,16 @@ from shmprod.protocol.messages import (
 )
 from shmprod.sender import lifecycle
 from shmprod.sender.accumulator import Accumulator
-from shmprod.sender.batch import NO_BUFFER, NO_SEQUENCE, Batch, SplitGroup
+from shmprod.sender.batch import Batch
+from shmprod.sender.completions import Completions
 from shmprod.sender.control import ControlClosed, ControlConn
 from shmprod.sender.drain import Drainer
 from shmprod.sender.idempotence import MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
 from shmprod.sender.inflight import InFlightLedger
 from shmprod.sender.lifecycle import Lifecycle, Phase
 from shmprod.sender.metadata import Metadata, TopicAnswer
-from shmprod.sender.network import ConnectionLost, ConnState, InFlight, NodeConnection
-from shmprod.sender.policy import Action, backoff_ns, decide
+from shmprod.sender.network import ConnState, NodeConnection
+from shmprod.sender.nodes import Nodes
 from shmprod.sender.pool import AllocResult, BufferPool
 from shmprod.sender.produce import BatchAnswer, ProduceContext, build_request, match_response
 from shmprod.sender.producer_id import PidStep, ProducerIdDriver
@@ -79,25 +78,6 @@ HELLO_TIMEOUT_NS = 10_000 * MS
 EXIT_FLUSH_NS = 1_000 * MS
 MIN_BOOTSTRAP_WAIT_MS = 1_000
 MAX_ACCEPTS_PER_EVENT = 64
-BOOTSTRAP_FALLBACK_FAILURES = 3  # consecutive failures of every known node
-CONN_LOG_EVERY_NS = 10_000 * MS  # connection failures are logged at most this often
-
-
-class _Handler(Protocol):
-    """What becomes of one request: the object a request carries as its context, one
-    class per request kind, instead of markers the loop tells apart. Runs in: sender."""
-
-    def on_written(self) -> None:
-        """Fully written and no answer will come (acks=0 produce)."""
-
-    def on_response(self, resp: Response, now: int) -> None:
-        """The broker's answer."""
-
-    def on_lost(self, code: int, reason: str, now: int) -> None:
-        """The connection ended or the request timed out: no answer will come."""
-
-    def on_abort(self, code: int, message: str) -> None:
-        """The sender is ending: fail what the request carries."""
 
 
 class _ProduceHandler:
@@ -113,24 +93,24 @@ class _ProduceHandler:
     def on_written(self) -> None:
         self._s._request_done(self.ctx)
         for batch in self.ctx.batches.values():
-            self._s._finish(batch, 0)
+            self._s.done.finish(batch, 0)
 
     def on_response(self, resp: Response, now: int) -> None:
         assert isinstance(resp, ProduceResponse)
         self._s._request_done(self.ctx)
         for ans in match_response(self.ctx, resp):
             ans.batch.unresolved = False  # the broker answered for it
-            self._s._on_batch_answer(ans, now)
+            self._s.done.on_answer(ans, now)
 
     def on_lost(self, code: int, reason: str, now: int) -> None:
         self._s._request_done(self.ctx)
         for batch in self.ctx.batches.values():
-            self._s._on_batch_answer(BatchAnswer(batch, code, message=reason), now)
+            self._s.done.on_answer(BatchAnswer(batch, code, message=reason), now)
 
     def on_abort(self, code: int, message: str) -> None:
         self._s._request_done(self.ctx)
         for batch in self.ctx.batches.values():
-            self._s._finish(batch, code, message=message)
+            self._s.done.finish(batch, code, message=message)
 
 
 class _MetadataHandler:
@@ -148,8 +128,8 @@ class _MetadataHandler:
         assert isinstance(resp, MetadataResponse)
         s = self._s
         s._send_topic_answers(s.metadata.on_response(resp, now))
-        s._fail_gone_partitions()
-        s._adopt_bootstrap_connections()
+        s.done.fail_gone_partitions()
+        s.nodes.adopt_bootstrap()
 
     def on_lost(self, code: int, reason: str, now: int) -> None:
         self._s.metadata.on_failure(now)
@@ -203,11 +183,6 @@ class _FenceHandler:
         pass
 
 
-def _handler(req: InFlight) -> _Handler:
-    handler: _Handler = req.context
-    return handler
-
-
 class Sender:
     """The sender process's state and loop. Runs in: sender (one thread)."""
 
@@ -245,9 +220,6 @@ class Sender:
             partition_limit = min(partition_limit, MAX_IN_FLIGHT_PER_PARTITION)
         self.drainer = Drainer(self.cfg.max_request_size, partition_limit)
         self._secret = bytes.fromhex(spec.secret_hex)
-        self._bootstrap = parse_bootstrap(self.cfg.bootstrap_servers)
-        self._ssl_context = self.cfg.ssl_context()  # TLS and SASL of every broker connection
-        self._sasl = self.cfg.sasl_credentials()
         self._owner_alive = owner_alive or lifecycle.owner_watch(
             spec.owner_pid, spec.owner_start_us
         )
@@ -256,9 +228,19 @@ class Sender:
         listen.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(listen, selectors.EVENT_READ, None)
-        self._resolver = Resolver()
-        self._sel.register(self._resolver.wake_socket, selectors.EVENT_READ, self._resolver)
+        resolver = Resolver()
+        self._sel.register(resolver.wake_socket, selectors.EVENT_READ, resolver)
         self._masks: dict[int, int] = {}
+        self.nodes = Nodes(
+            self.cfg,
+            self.metadata,
+            resolver,
+            watch=self._set_mask,
+            forget=self._forget_socket,
+            on_fatal=self._security_failed,
+            bootstrapping=lambda: self.life.phase is Phase.BOOTSTRAP,
+            note_bootstrap_error=self._note_bootstrap_error,
+        )
 
         self._ctl: dict[int, ControlConn] = {}
         self._dirty: set[ControlConn] = set()
@@ -266,16 +248,24 @@ class Sender:
         self._owner_gone = False
         self._slots = [False] * self.geo.max_workers
 
-        self._nodes: dict[int, NodeConnection] = {}  # node id (bootstrap: -1 - index)
-        self._reconnect: dict[int, tuple[int, int]] = {}  # key -> (failures, not before)
-        self._bootstrap_failures = 0
         self.in_flight = InFlightLedger(self.shared)
+        self.done = Completions(
+            self.cfg,
+            view,
+            self.geo,
+            self.shared,
+            self.pool,
+            self.acc,
+            self.metadata,
+            self.identity,
+            self.pid,
+            self.in_flight,
+            post_to=self._post_to,
+            send_grants=self._send_grants,
+            connection_trouble=self.nodes.trouble,
+        )
         self._arrival = 0
 
-        self._conn_errors = 0  # broker connection failures, and the last one's reason
-        self._conn_error = ""
-        self._conn_logged = 0
-        self._conn_log_at = 0
         self._fences: set[int] = set()  # acks=0 close: connections not yet past their fence
         self._fenced = False
 
@@ -316,8 +306,8 @@ class Sender:
             data = key.data
             if data is None:
                 self._accept(now)
-            elif data is self._resolver:
-                self._resolver.on_readable(now)
+            elif data is self.nodes.resolver:
+                self.nodes.resolver.on_readable(now)
             elif isinstance(data, ControlConn):
                 if not data.closed:
                     if mask & selectors.EVENT_READ:
@@ -326,9 +316,9 @@ class Sender:
                         self._dirty.add(data)
             elif isinstance(data, NodeConnection) and data.state != ConnState.CLOSED:
                 if mask & selectors.EVENT_WRITE:
-                    self._on_node_writable(data, now)
+                    self.nodes.on_writable(data, now)
                 if mask & selectors.EVENT_READ and data.sock is not None:
-                    self._on_node_readable(data, now)
+                    self.nodes.on_readable(data, now)
             if self.life.ended:
                 return
         self._tick(now)
@@ -339,7 +329,7 @@ class Sender:
             self._owner_lost(now)
         if self.life.ended:
             return
-        self._check_node_timeouts(now)
+        self.nodes.check_timeouts(now)
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_NS
             self._housekeeping(now)
@@ -370,7 +360,7 @@ class Sender:
             self.metadata.next_due_ns(),
             self.acc.next_retry_ns(),
         ]
-        candidates.extend(c.next_deadline_ns() for c in self._nodes.values())
+        candidates.append(self.nodes.next_deadline_ns())
         if self.life.phase is Phase.BOOTSTRAP:
             candidates.append(self._bootstrap_deadline)
         if self.life.phase is Phase.CLOSING:
@@ -386,7 +376,7 @@ class Sender:
         for conn in list(self._ctl.values()):
             if not conn.closed:
                 self._set_mask(conn.sock, conn, conn.wants_write)
-        for node in self._nodes.values():
+        for node in self.nodes.conns.values():
             if node.sock is not None:
                 self._set_mask(node.sock, node, node.wants_write)
 
@@ -422,23 +412,7 @@ class Sender:
             if not conn.authenticated and now - conn.accepted_ns > HELLO_TIMEOUT_NS:
                 log.warning("closing a control connection that sent no Hello")
                 self._drop_control(conn, now)
-        for batch in self.acc.expire(now):
-            self._expired(batch)
-        for batch in self.in_flight:
-            if batch.deadline_ns <= now and not batch.reported:
-                # KIP-91, as Java: the outcome goes out at the deadline; the batch keeps
-                # its buffers and its place until the broker answers or the request times
-                # out (it may still be written: its future says so)
-                self._report(
-                    batch,
-                    DeliveryTimeoutError.code,
-                    retriable=True,
-                    message=(
-                        f"not acknowledged within delivery_timeout_ms="
-                        f"{self.cfg.delivery_timeout_ms}{self._last_error(batch)}; it was "
-                        "in flight and may still be written"
-                    ),
-                )
+        self.done.expire(now)
         self._send_topic_answers(self.metadata.expire_waiters(now))
 
     # =====================================================================================
@@ -666,10 +640,10 @@ class Sender:
         )
         if problem:
             log.warning("%r sealed a corrupt batch: %s", conn, problem)
-            self._finish(batch, CorruptBatchError.code, message=problem)
+            self.done.finish(batch, CorruptBatchError.code, message=problem)
             return
         if self.metadata.gone(batch.partition_slot):
-            self._finish_gone(batch)
+            self.done.finish_gone(batch)
             return
         self.shared.describe_batch(
             msg.buffer,
@@ -698,76 +672,8 @@ class Sender:
         return ""
 
     # =====================================================================================
-    # Completions
+    # Completions (sender/completions.py)
     # =====================================================================================
-
-    def _finish(
-        self,
-        batch: Batch,
-        code: int,
-        base_offset: int = -1,
-        log_append_time_ms: int = -1,
-        *,
-        retriable: bool = False,
-        message: str = "",
-    ) -> None:
-        """The one completion of a batch: its outcome to the worker (unless already
-        reported, see :meth:`_report`), counters, and its buffers back to the pool."""
-        self._report(
-            batch, code, base_offset, log_append_time_ms, retriable=retriable, message=message
-        )
-        if code == 0:
-            self.shared.add(L.S_BATCHES_SENT, 1)
-            self.shared.add(L.S_RECORDS_SENT, batch.record_count)
-            self.shared.add(L.S_BYTES_SENT, batch.length)
-            self.shared.add_partition_sent(batch.partition_slot, batch.record_count, batch.length)
-        else:
-            self.shared.add(L.S_BATCHES_FAILED, 1)
-            if self.metadata.locate(batch.partition_slot) is not None:
-                self.shared.set_partition_error(batch.partition_slot, code)
-        if batch.data is None:
-            self._send_grants(self.pool.free(batch.buffer, batch.run))
-
-    def _report(
-        self,
-        batch: Batch,
-        code: int,
-        base_offset: int = -1,
-        log_append_time_ms: int = -1,
-        *,
-        retriable: bool = False,
-        message: str = "",
-    ) -> None:
-        """The batch's one outcome to the worker that sealed it (if still attached):
-        ``Done``; a piece of a split batch reports into its group, whose last piece sends
-        ``DoneSplit``. Once only: a batch reported early (its delivery deadline passed
-        in flight) reports nothing when its answer comes."""
-        if batch.reported:
-            return
-        batch.reported = True
-        group = batch.group
-        if group is None:
-            self._post_to(
-                batch.origin,
-                ipc.Done(batch.batch_id, code, base_offset, log_append_time_ms, retriable, message),
-            )
-        else:
-            group.results.append(
-                ipc.Piece(
-                    batch.first_index,
-                    batch.record_count,
-                    code,
-                    base_offset,
-                    log_append_time_ms,
-                    retriable,
-                )
-            )
-            if code and not group.message:
-                group.message = message
-            group.pending -= 1
-            if group.pending == 0:
-                pieces = tuple(sorted(group.results, key=lambda p: p.first_index))
-                self._post_to(batch.origin, ipc.DoneSplit(batch.batch_id, pieces, group.message))
 
     def _post_to(self, origin: int, msg: ipc.Message) -> None:
         """Posts ``msg`` to the worker connection ``origin`` if it is still attached."""
@@ -775,369 +681,22 @@ class Sender:
         if conn is not None and not conn.closed:
             self._post(conn, msg)
 
-    def _expired(self, batch: Batch) -> None:
-        if batch.sequence != NO_SEQUENCE:
-            self.identity.request_reset()
-        self._finish(
-            batch,
-            DeliveryTimeoutError.code,
-            retriable=True,
-            message=(
-                f"not delivered within delivery_timeout_ms={self.cfg.delivery_timeout_ms}"
-                f"{self._last_error(batch)}"
-            ),
-        )
-
-    def _last_error(self, batch: Batch) -> str:
-        """Why a batch was not delivered: its last error answer, else (never answered)
-        the last broker connection failure."""
-        if batch.last_error:
-            return f" (last error {ec.error_name(batch.last_error)})"
-        if self._conn_error:
-            return (
-                f" (last error: {self._conn_error}; {self._conn_errors} connection "
-                "failure(s) so far)"
-            )
-        return ""
-
-    def _fail_gone_partitions(self) -> None:
-        """Fails the queued batches of partitions a topic no longer has (it was created
-        again with fewer): retrying them could only end in their delivery timeout."""
-        for slot in [s for s in self.acc.ready_slots() if self.metadata.gone(s)]:
-            for batch in self.acc.remove_slot(slot):
-                self._finish_gone(batch)
-
-    def _finish_gone(self, batch: Batch) -> None:
-        """Fails ``batch``: its partition is gone. A sequence it carried is now a gap."""
-        if batch.sequence != NO_SEQUENCE and self.identity.is_current(batch):
-            self.identity.request_reset()
-        self._finish(
-            batch,
-            ec.UNKNOWN_TOPIC_OR_PARTITION,
-            retriable=True,
-            message=f"{self._where(batch)} no longer exists (the topic has fewer partitions now)",
-        )
-
-    def _on_batch_answer(self, ans: BatchAnswer, now: int) -> None:
-        batch = ans.batch
-        code = ans.code
-        if code:
-            self.shared.add(L.S_ERRORS, 1)
-            batch.last_error = code
-            if self.metadata.gone(batch.partition_slot):
-                self._finish_gone(batch)
-                return
-        d = decide(code, batch, self.identity, self.cfg.retries, now)
-        if d.action is Action.SUCCEED:
-            self.pid.batch_acknowledged()
-            self.identity.acknowledge(batch)
-            self._finish(batch, 0, ans.base_offset, ans.log_append_time_ms)
-            return
-        if d.refresh_metadata:
-            self.metadata.request_refresh(now)
-        if d.action is Action.SPLIT:
-            self._split(batch, now)
-            return
-        if d.action is Action.RETRY:
-            if d.refuse_bump and not self.identity.bump_refused:
-                log.warning("the broker fenced a bumped epoch: new producer ids from now on")
-                self.identity.refuse_bump()
-            elif d.new_id:
-                self.identity.request_new_id()
-            elif d.reset_producer:
-                self.identity.request_reset()
-            batch.attempts += 1
-            batch.retry_at_ns = now + backoff_ns(
-                batch.attempts, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms
-            )
-            self.shared.add(L.S_RETRIES, 1)
-            if batch.data is None:
-                self.shared.set_descriptor_state(batch.buffer, L.BUF_SEALED)
-            self.acc.requeue(batch)
-            return
-        if batch.sequence != NO_SEQUENCE:
-            self.identity.request_reset()  # its sequence is now a gap
-        detail = f"{ec.error_name(code)}: {ans.message}" if ans.message else ec.error_name(code)
-        if code == ec.DUPLICATE_SEQUENCE_NUMBER:
-            detail = (
-                f"the broker already holds sequence {batch.sequence} of "
-                f"{self._where(batch)} from producer id {batch.producer_id} epoch "
-                f"{batch.producer_epoch}, but this batch was never sent with it before: "
-                "not written (the producer resets its sequences)"
-            )
-            log.error("%s", detail)
-        self._finish(batch, d.code, retriable=d.retriable, message=detail)
-
-    def _where(self, batch: Batch) -> str:
-        where = self.metadata.locate(batch.partition_slot)
-        return f"partition {where[1]} of topic {where[0]!r}" if where else "its partition"
-
-    def _split(self, batch: Batch, now: int) -> None:
-        """The broker refused ``batch`` as too large: re-encode its records as two
-        batches in the sender's memory, free its buffers, and queue both halves at the
-        head of the partition, in order. With a sequence, the halves take exactly the
-        sequences of the batch (records.split_batch), so nothing else is renumbered."""
-        try:
-            halves = records.split_batch(self._bytes_of(batch))
-        except ProtocolError as exc:
-            self._finish(batch, ec.MESSAGE_TOO_LARGE, message=f"cannot split: {exc}")
-            return
-        group = batch.group
-        if group is None:
-            group = SplitGroup()
-        group.pending += len(halves) - 1
-        first = batch.first_index
-        pieces: list[Batch] = []
-        for raw in halves:
-            hdr = records.read_batch_header(raw)
-            pieces.append(
-                Batch(
-                    buffer=NO_BUFFER,
-                    run=0,
-                    partition_slot=batch.partition_slot,
-                    batch_id=batch.batch_id,
-                    length=len(raw),
-                    record_count=hdr.record_count,
-                    origin=batch.origin,
-                    sealed_ns=batch.sealed_ns,
-                    deadline_ns=batch.deadline_ns,
-                    arrival=batch.arrival,
-                    attempts=max(batch.attempts, 1),
-                    retry_at_ns=now,
-                    sequence=hdr.base_sequence if batch.sequence != NO_SEQUENCE else NO_SEQUENCE,
-                    producer_id=batch.producer_id,
-                    producer_epoch=batch.producer_epoch,
-                    data=bytearray(raw),
-                    group=group,
-                    first_index=first,
-                )
-            )
-            first += hdr.record_count
-        if batch.data is None:
-            self._send_grants(self.pool.free(batch.buffer, batch.run))
-        for piece in pieces:
-            self.acc.requeue(piece)
-        self.shared.add(L.S_BATCHES_SPLIT, 1)
-        log.info(
-            "batch of %d records split in %d after MESSAGE_TOO_LARGE",
-            batch.record_count,
-            len(pieces),
-        )
-
-    def _still_intact(self, batch: Batch) -> bool:
-        """Whether a queued batch's shared-memory bytes are still the ones validated when
-        it was sealed: framing, CRC and record count, checked again right before each
-        send, because patching the producer state recomputes the CRC over whatever the
-        buffer holds. A batch something scribbled over fails alone (CorruptBatchError);
-        if it carried a sequence, that sequence is now a gap (reset). A scribble landing
-        while the request is being written cannot be seen without a copy."""
-        if batch.data is not None:
-            return True  # a piece of a split batch: the sender's own memory
-        try:
-            hdr = records.validate_batch(self.view, self.geo.buffer(batch.buffer), batch.length)
-            if hdr.record_count != batch.record_count:
-                raise ProtocolError(f"record count {hdr.record_count} != {batch.record_count}")
-        except ProtocolError as exc:
-            log.warning("a queued batch changed in shared memory: %s", exc)
-            if batch.sequence != NO_SEQUENCE and self.identity.is_current(batch):
-                self.identity.request_reset()
-            self._finish(
-                batch, CorruptBatchError.code, message=f"batch changed after sealing: {exc}"
-            )
-            return False
-        return True
-
-    def _bytes_of(self, batch: Batch) -> memoryview:
-        """A batch's bytes: in shared memory, or the sender's own for a piece."""
-        if batch.data is not None:
-            return memoryview(batch.data)
-        off = self.geo.buffer(batch.buffer)
-        return self.view[off : off + batch.length]
-
     def _request_done(self, ctx: ProduceContext) -> None:
         self.in_flight.done(ctx.batches.values())
 
     # =====================================================================================
-    # Brokers
+    # Brokers (sender/nodes.py)
     # =====================================================================================
 
-    def _connect(self, key: int, host: str, port: int, now: int) -> NodeConnection | None:
-        """Opens a connection under ``key`` (a node id, or -1-i for bootstrap server i)
-        unless it is in reconnect backoff."""
-        not_before = self._reconnect.get(key, (0, 0))[1]
-        if now < not_before:
-            return None
-        address = self._resolver.lookup(host, port, now)
-        if address is None:
-            return None  # resolving off the loop: the loop wakes when it is done
-        if isinstance(address, str):
-            self._connection_failed(key, f"cannot resolve {host}:{port}: {address}", now)
-            return None
-        conn = NodeConnection(
-            key,
-            host,
-            port,
-            client_id=self.cfg.client_id,
-            request_timeout_ms=self.cfg.request_timeout_ms,
-            now_ns=now,
-            ssl_context=self._ssl_context,
-            sasl=self._sasl,
-        )
-        try:
-            conn.open(address)
-        except ConnectionLost as exc:
-            self._connection_failed(key, str(exc), now)
-            return None
-        self._nodes[key] = conn
-        assert conn.sock is not None
-        self._set_mask(conn.sock, conn, True)
-        return conn
-
-    def _connection_failed(self, key: int, reason: str, now: int) -> None:
-        failures = self._reconnect.get(key, (0, 0))[0] + 1
-        delay = backoff_ns(failures, self.cfg.retry_backoff_ms, self.cfg.retry_backoff_max_ms)
-        self._reconnect[key] = (failures, now + delay)
-        if key < 0:
-            self._bootstrap_failures += 1
-            self._bootstrap_error = reason
-        self._conn_errors += 1
-        self._conn_error = reason
-        # at WARNING: the first failure at once, then at most one line per
-        # CONN_LOG_EVERY_NS with how many happened meanwhile
-        if now >= self._conn_log_at:
-            waiting = " (retrying; sends wait, up to delivery_timeout_ms)"
-            if self.life.phase is Phase.BOOTSTRAP:
-                waiting = f" (retrying until max_block_ms={self.cfg.max_block_ms} for metadata)"
-            more = self._conn_errors - self._conn_logged
-            log.warning(
-                "broker connection failed: %s%s%s",
-                reason,
-                f"; {more} failure(s) since the last report" if more > 1 else "",
-                waiting,
-            )
-            self._conn_logged = self._conn_errors
-            self._conn_log_at = now + CONN_LOG_EVERY_NS
-
-    def _node_conn(self, node: int, now: int) -> NodeConnection | None:
-        conn = self._nodes.get(node)
-        if conn is not None:
-            return conn
-        address = self.metadata.address(node)
-        if address is None:
-            self.metadata.request_refresh(now)
-            return None
-        return self._connect(node, address[0], address[1], now)
-
-    def _any_ready_conn(self, now: int) -> NodeConnection | None:
-        """The least busy ready connection; when there is none, starts one (a known
-        node, else the next bootstrap server) and returns None."""
-        best: NodeConnection | None = None
-        for conn in self._nodes.values():
-            usable = conn.ready and conn.in_flight < self.max_in_flight
-            if usable and (best is None or conn.in_flight < best.in_flight):
-                best = conn
-        if best is not None or any(c.connecting for c in self._nodes.values()):
-            return best
-        for node in sorted(self.metadata.nodes):
-            if node not in self._nodes and self._node_conn(node, now) is not None:
-                return None
-        # Known nodes only in a short reconnect backoff: wait for them. Fall back to the
-        # bootstrap servers when none is known or every one keeps failing.
-        if any(
-            self._reconnect.get(node, (0, 0))[0] < BOOTSTRAP_FALLBACK_FAILURES
-            for node in self.metadata.nodes
-        ):
-            return None
-        i = self._bootstrap_failures % len(self._bootstrap)
-        key = -1 - i
-        if key not in self._nodes:
-            host, port = self._bootstrap[i]
-            self._connect(key, host, port, now)
-        return None
-
-    def _on_node_writable(self, conn: NodeConnection, now: int) -> None:
-        try:
-            written = conn.on_writable(now)
-        except ConnectionLost as exc:
-            self._node_lost(conn, exc, now)
-            return
-        self._on_written(written)
-
-    def _flush_node(self, conn: NodeConnection, now: int) -> None:
-        try:
-            written = conn.flush()
-        except ConnectionLost as exc:
-            self._node_lost(conn, exc, now)
-            return
-        self._on_written(written)
-
-    def _on_written(self, written: list[InFlight]) -> None:
-        """acks=0: a fully written request is the batches' completion (no offsets)."""
-        for req in written:
-            _handler(req).on_written()
-
-    def _on_node_readable(self, conn: NodeConnection, now: int) -> None:
-        was_ready = conn.ready
-        try:
-            answers = conn.on_readable(now)
-        except ConnectionLost as exc:
-            self._node_lost(conn, exc, now)
-            return
-        if conn.ready and not was_ready:
-            self._reconnect.pop(conn.node_id, None)
-            log.debug("connected to %r", conn)
-        for req, resp in answers:
-            _handler(req).on_response(resp, now)
-        if conn.ready and conn.wants_write:
-            self._flush_node(conn, now)
-
-    def _check_node_timeouts(self, now: int) -> None:
-        for conn in list(self._nodes.values()):
-            try:
-                conn.check_expired(now)
-            except ConnectionLost as exc:
-                self._node_lost(conn, exc, now)
-
-    def _node_lost(self, conn: NodeConnection, exc: ConnectionLost, now: int) -> None:
-        """Closes ``conn``; its produce requests come back as retriable errors. TLS or
-        SASL refused (``exc.fatal``) fails the whole producer: reconnecting cannot help."""
-        if exc.fatal is not None:
-            self._security_failed(exc.fatal)
-            return
-        key = conn.node_id
-        self._forget_socket(conn.sock)
-        lost = conn.close()
-        if self._nodes.get(key) is conn:
-            del self._nodes[key]
-        self._connection_failed(key, str(exc), now)
-        code = ec.REQUEST_TIMED_OUT if exc.timed_out else ec.NETWORK_EXCEPTION
-        for req in lost:
-            _handler(req).on_lost(code, str(exc), now)
-        if self.metadata.bootstrapped:
-            self.metadata.request_refresh(now)
-
-    def _adopt_bootstrap_connections(self) -> None:
-        """A bootstrap connection to a node's advertised address becomes that node's
-        connection (tansu is fastest over one connection); others close when idle."""
-        by_address = {addr: node for node, addr in self.metadata.nodes.items()}
-        for key in [k for k in self._nodes if k < 0]:
-            conn = self._nodes[key]
-            node = by_address.get((conn.host, conn.port))
-            if node is not None and node not in self._nodes:
-                del self._nodes[key]
-                conn.node_id = node
-                self._nodes[node] = conn
-            elif conn.in_flight == 0:
-                del self._nodes[key]
-                self._forget_socket(conn.sock)
-                conn.close()
+    def _note_bootstrap_error(self, reason: str) -> None:
+        self._bootstrap_error = reason
 
     # -- metadata and producer id --------------------------------------------------------
 
     def _drive_metadata(self, now: int) -> None:
         if not self.metadata.due(now):
             return
-        conn = self._any_ready_conn(now)
+        conn = self.nodes.any_ready(now)
         if conn is None:
             return
         try:
@@ -1149,7 +708,7 @@ class Sender:
             log.error("%s", exc)
             return
         self.shared.add(L.S_METADATA_REFRESHES, 1)
-        self._flush_node(conn, now)
+        self.nodes.flush(conn, now)
 
     def _drive_producer_id(self, now: int) -> None:
         step = self.pid.step(now, self._reset_may_proceed, self.metadata.bootstrapped)
@@ -1161,7 +720,7 @@ class Sender:
             return
         if step is not PidStep.REQUEST:
             return
-        conn = self._any_ready_conn(now)
+        conn = self.nodes.any_ready(now)
         if conn is None:
             return
         try:
@@ -1171,7 +730,7 @@ class Sender:
             self._bootstrap_error = self.pid.error
             return
         self.pid.sent()
-        self._flush_node(conn, now)
+        self.nodes.flush(conn, now)
 
     def _on_producer_id(self, resp: InitProducerIdResponse, now: int) -> None:
         renewed = self.identity.has_id
@@ -1215,7 +774,7 @@ class Sender:
         )
         if self._bootstrap_error:
             message += (
-                f" (last error: {self._bootstrap_error}; {self._conn_errors} connection failure(s))"
+                f" (last error: {self._bootstrap_error}; {self.nodes.errors} connection failure(s))"
             )
         log.error("%s", message)
         self._terminate(code, message, lifecycle.EXIT_BOOTSTRAP_FAILED)
@@ -1244,7 +803,7 @@ class Sender:
         if no_leader:
             self.metadata.request_refresh(now)
         for node, slots in by_node.items():
-            conn = self._node_conn(node, now)
+            conn = self.nodes.for_node(node, now)
             if conn is None or not conn.ready:
                 continue
             while conn.ready and conn.in_flight < self.max_in_flight:
@@ -1259,7 +818,7 @@ class Sender:
         """Checks each batch's bytes again, assigns sequences (idempotence), then queues
         one ProduceRequest and writes it."""
         ident = self.identity
-        batches = [b for b in batches if self._still_intact(b)]
+        batches = [b for b in batches if self.done.still_intact(b)]
         if not batches:
             return
         if ident.enabled:
@@ -1278,7 +837,7 @@ class Sender:
                             batch.sequence,
                         )
                 except ProtocolError as exc:
-                    self._finish(batch, CorruptBatchError.code, message=str(exc))
+                    self.done.finish(batch, CorruptBatchError.code, message=str(exc))
                     continue
                 ok.append(batch)
             batches = ok
@@ -1294,7 +853,7 @@ class Sender:
             conn.node_id,
             batches,
             locate,
-            self._bytes_of,
+            self.done.bytes_of,
             acks=self.cfg.acks,
             timeout_ms=self.cfg.request_timeout_ms,
         )
@@ -1303,14 +862,14 @@ class Sender:
             conn.send(req, answer, _ProduceHandler(self, ctx), now)
         except UnsupportedVersionError as exc:
             for batch in batches:
-                self._finish(batch, ec.UNSUPPORTED_VERSION, message=str(exc))
+                self.done.finish(batch, ec.UNSUPPORTED_VERSION, message=str(exc))
             return
         for batch in batches:
             batch.unresolved = ident.enabled
             if batch.data is None:
                 self.shared.set_descriptor_state(batch.buffer, L.BUF_IN_FLIGHT)
         self.in_flight.sent(batches)
-        self._flush_node(conn, now)
+        self.nodes.flush(conn, now)
 
     # =====================================================================================
     # Endings
@@ -1349,7 +908,7 @@ class Sender:
         (brokers only) per connection; a broker answers requests of a connection in
         order, so its answer means every produce request before it was read."""
         self._fenced = True
-        for conn in list(self._nodes.values()):
+        for conn in list(self.nodes.conns.values()):
             if not conn.ready:
                 continue
             try:
@@ -1362,7 +921,7 @@ class Sender:
             except UnsupportedVersionError:
                 continue
             self._fences.add(conn.node_id)
-            self._flush_node(conn, now)
+            self.nodes.flush(conn, now)
 
     def _owner_lost(self, now: int) -> None:
         """The owner's connection ended without Shutdown, or its process is gone."""
@@ -1402,13 +961,9 @@ class Sender:
 
     def _abort_all(self, code: int, message: str) -> None:
         """Completes every batch in flight or queued with ``code``."""
-        for conn in list(self._nodes.values()):
-            self._forget_socket(conn.sock)
-            for req in conn.close():
-                _handler(req).on_abort(code, message)
-        self._nodes.clear()
+        self.nodes.abort_all(code, message)
         for batch in self.acc.remove_all():
-            self._finish(batch, code, message=message)
+            self.done.finish(batch, code, message=message)
 
     def _crash(self, exc: BaseException) -> None:
         """An unexpected error: the usual ending when it can still run, else at least
@@ -1452,10 +1007,7 @@ class Sender:
             time.sleep(0.002)
 
     def _close_everything(self) -> None:
-        self._resolver.close()
-        for node in list(self._nodes.values()):
-            node.close()
-        self._nodes.clear()
+        self.nodes.close_all()
         for conn in list(self._ctl.values()):
             conn.close()
         self._ctl.clear()

@@ -128,7 +128,7 @@ _OPENING = (
 class InFlight:
     """A request queued or written and not yet answered (or, for acks=0, not yet
     written). ``context`` is the loop's: the handler of what becomes of the request
-    (``shmprod.sender.loop._Handler``)."""
+    (:class:`shmprod.sender.nodes.Handler`)."""
 
     correlation_id: int
     api_key: int

@@ -1,9 +1,14 @@
-"""The sender's single-threaded selector loop.
+"""The sender's single-threaded selector loop, and the parts it is made of.
 
-It owns the listening socket and one control connection per worker, the buffer pool,
-metadata, one connection per broker node, the per-partition queues, the requests in
-flight and the completions. Every socket is non-blocking; control messages are buffered
-per connection, so no peer can stall the loop.
+:class:`Sender` builds the parts and runs them from one select loop: the control plane
+(:class:`~shmprod.sender.workers.Workers`: worker connections, grants, topic answers,
+sealed batches), the broker connections (:class:`~shmprod.sender.nodes.Nodes`), the
+completions (:class:`~shmprod.sender.completions.Completions`), the in-flight ledger,
+metadata and the producer-id driver, the buffer pool and the per-partition queues, and
+the lifecycle. Itself it keeps the select loop and its timers, what drives metadata and
+the producer id, the drain into ProduceRequests, and the endings. Every socket is
+non-blocking; control messages are buffered per connection, so no peer can stall the
+loop.
 
 One iteration: wait in ``select`` (until the earliest timer), handle the events
 (accept, control messages, broker answers, writable sockets), then :meth:`Sender._tick`:
@@ -20,19 +25,17 @@ CLOSING (after the owner's ``Shutdown``) -> ENDED. Every ending goes through
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import selectors
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from shmprod import ipc
 from shmprod import layout as L
 from shmprod.config import ProducerConfig
 from shmprod.errors import (
     CorruptBatchError,
-    InvalidTopicError,
     MetadataTimeoutError,
     OwnerDiedError,
     ProducerClosedError,
@@ -49,138 +52,38 @@ from shmprod.protocol.messages import (
     MetadataRequest,
     MetadataResponse,
     ProduceResponse,
-    Response,
 )
 from shmprod.sender import lifecycle
 from shmprod.sender.accumulator import Accumulator
 from shmprod.sender.batch import Batch
 from shmprod.sender.completions import Completions
-from shmprod.sender.control import ControlClosed, ControlConn
+from shmprod.sender.control import ControlConn
 from shmprod.sender.drain import Drainer
 from shmprod.sender.idempotence import MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
 from shmprod.sender.inflight import InFlightLedger
 from shmprod.sender.lifecycle import Lifecycle, Phase
-from shmprod.sender.metadata import Metadata, TopicAnswer
+from shmprod.sender.metadata import Metadata
 from shmprod.sender.network import ConnState, NodeConnection
 from shmprod.sender.nodes import Nodes
-from shmprod.sender.pool import AllocResult, BufferPool
-from shmprod.sender.produce import BatchAnswer, ProduceContext, build_request, match_response
+from shmprod.sender.pool import BufferPool
+from shmprod.sender.produce import build_request
 from shmprod.sender.producer_id import PidStep, ProducerIdDriver
+from shmprod.sender.requests import (
+    FenceHandler,
+    MetadataHandler,
+    ProduceHandler,
+    ProducerIdHandler,
+)
 from shmprod.sender.resolver import Resolver
 from shmprod.sender.shmstate import SharedState
+from shmprod.sender.workers import Workers
 
 log = logging.getLogger("shmprod.sender")
 
 MS = 1_000_000
 HOUSEKEEPING_NS = 50 * MS
 IDLE_WAIT_NS = 250 * MS
-HELLO_TIMEOUT_NS = 10_000 * MS
-EXIT_FLUSH_NS = 1_000 * MS
 MIN_BOOTSTRAP_WAIT_MS = 1_000
-MAX_ACCEPTS_PER_EVENT = 64
-
-
-class _ProduceHandler:
-    """A ProduceRequest's batches (``ctx``): answered, lost (retried or failed by
-    the policy) or aborted."""
-
-    __slots__ = ("_s", "ctx")
-
-    def __init__(self, sender: Sender, ctx: ProduceContext) -> None:
-        self._s = sender
-        self.ctx = ctx
-
-    def on_written(self) -> None:
-        self._s._request_done(self.ctx)
-        for batch in self.ctx.batches.values():
-            self._s.done.finish(batch, 0)
-
-    def on_response(self, resp: Response, now: int) -> None:
-        assert isinstance(resp, ProduceResponse)
-        self._s._request_done(self.ctx)
-        for ans in match_response(self.ctx, resp):
-            ans.batch.unresolved = False  # the broker answered for it
-            self._s.done.on_answer(ans, now)
-
-    def on_lost(self, code: int, reason: str, now: int) -> None:
-        self._s._request_done(self.ctx)
-        for batch in self.ctx.batches.values():
-            self._s.done.on_answer(BatchAnswer(batch, code, message=reason), now)
-
-    def on_abort(self, code: int, message: str) -> None:
-        self._s._request_done(self.ctx)
-        for batch in self.ctx.batches.values():
-            self._s.done.finish(batch, code, message=message)
-
-
-class _MetadataHandler:
-    """A Metadata request: topic answers, gone partitions, bootstrap connections."""
-
-    __slots__ = ("_s",)
-
-    def __init__(self, sender: Sender) -> None:
-        self._s = sender
-
-    def on_written(self) -> None:
-        pass
-
-    def on_response(self, resp: Response, now: int) -> None:
-        assert isinstance(resp, MetadataResponse)
-        s = self._s
-        s._send_topic_answers(s.metadata.on_response(resp, now))
-        s.done.fail_gone_partitions()
-        s.nodes.adopt_bootstrap()
-
-    def on_lost(self, code: int, reason: str, now: int) -> None:
-        self._s.metadata.on_failure(now)
-
-    def on_abort(self, code: int, message: str) -> None:
-        pass
-
-
-class _ProducerIdHandler:
-    """An InitProducerId request."""
-
-    __slots__ = ("_s",)
-
-    def __init__(self, sender: Sender) -> None:
-        self._s = sender
-
-    def on_written(self) -> None:
-        pass
-
-    def on_response(self, resp: Response, now: int) -> None:
-        assert isinstance(resp, InitProducerIdResponse)
-        self._s._on_producer_id(resp, now)
-
-    def on_lost(self, code: int, reason: str, now: int) -> None:
-        self._s.pid.on_lost(now)
-
-    def on_abort(self, code: int, message: str) -> None:
-        pass
-
-
-class _FenceHandler:
-    """A request sent at close with acks=0 only to learn, from its answer, that the
-    broker read every produce request written before it on that connection."""
-
-    __slots__ = ("_s", "node")
-
-    def __init__(self, sender: Sender, node: int) -> None:
-        self._s = sender
-        self.node = node
-
-    def on_written(self) -> None:
-        pass
-
-    def on_response(self, resp: Response, now: int) -> None:
-        self._s._fences.discard(self.node)
-
-    def on_lost(self, code: int, reason: str, now: int) -> None:
-        self._s._fences.discard(self.node)
-
-    def on_abort(self, code: int, message: str) -> None:
-        pass
 
 
 class Sender:
@@ -219,7 +122,6 @@ class Sender:
         if self.identity.enabled:
             partition_limit = min(partition_limit, MAX_IN_FLIGHT_PER_PARTITION)
         self.drainer = Drainer(self.cfg.max_request_size, partition_limit)
-        self._secret = bytes.fromhex(spec.secret_hex)
         self._owner_alive = owner_alive or lifecycle.owner_watch(
             spec.owner_pid, spec.owner_start_us
         )
@@ -242,12 +144,8 @@ class Sender:
             note_bootstrap_error=self._note_bootstrap_error,
         )
 
-        self._ctl: dict[int, ControlConn] = {}
-        self._dirty: set[ControlConn] = set()
-        self._owner: ControlConn | None = None
         self._owner_gone = False
-        self._slots = [False] * self.geo.max_workers
-
+        self.life = Lifecycle(self.shared)
         self.in_flight = InFlightLedger(self.shared)
         self.done = Completions(
             self.cfg,
@@ -260,19 +158,36 @@ class Sender:
             self.identity,
             self.pid,
             self.in_flight,
-            post_to=self._post_to,
-            send_grants=self._send_grants,
+            post_to=lambda origin, msg: self.workers.post_to(origin, msg),
+            send_grants=lambda results: self.workers.send_grants(results),
             connection_trouble=self.nodes.trouble,
         )
-        self._arrival = 0
+        self.workers = Workers(
+            self.cfg,
+            listen,
+            bytes.fromhex(spec.secret_hex),
+            spec.owner_pid,
+            view,
+            self.geo,
+            self.shared,
+            self.pool,
+            self.metadata,
+            self.acc,
+            self.done,
+            self.life,
+            clock,
+            watch=self._set_mask,
+            forget=self._forget_socket,
+            on_shutdown=self._begin_shutdown,
+            on_owner_lost=self._owner_lost,
+        )
 
         self._fences: set[int] = set()  # acks=0 close: connections not yet past their fence
         self._fenced = False
 
         now = clock()
-        self.life = Lifecycle(self.shared)
-        self._metadata_handler = _MetadataHandler(self)
-        self._pid_handler = _ProducerIdHandler(self)
+        self._metadata_handler = MetadataHandler(self.metadata, self.workers, self.done, self.nodes)
+        self._pid_handler = ProducerIdHandler(self.pid, self._on_producer_id)
         wait_ms = max(self.cfg.max_block_ms, MIN_BOOTSTRAP_WAIT_MS)
         self._bootstrap_deadline = now + wait_ms * MS
         self._bootstrap_error = ""
@@ -305,15 +220,15 @@ class Sender:
         for key, mask in events:
             data = key.data
             if data is None:
-                self._accept(now)
+                self.workers.accept(now)
             elif data is self.nodes.resolver:
                 self.nodes.resolver.on_readable(now)
             elif isinstance(data, ControlConn):
                 if not data.closed:
                     if mask & selectors.EVENT_READ:
-                        self._on_control_readable(data, now)
+                        self.workers.on_readable(data, now)
                     if mask & selectors.EVENT_WRITE and not data.closed:
-                        self._dirty.add(data)
+                        self.workers.dirty.add(data)
             elif isinstance(data, NodeConnection) and data.state != ConnState.CLOSED:
                 if mask & selectors.EVENT_WRITE:
                     self.nodes.on_writable(data, now)
@@ -344,7 +259,7 @@ class Sender:
         self._drain(now)
         if self.life.phase is Phase.CLOSING:
             self._progress_shutdown(now)
-        self._flush_controls()
+        self.workers.flush()
         self._sync_interest()
 
     def _next_wakeup(self, now: int) -> int:
@@ -373,7 +288,7 @@ class Sender:
 
     def _sync_interest(self) -> None:
         """Asks for EVENT_WRITE exactly on the sockets with bytes waiting to go out."""
-        for conn in list(self._ctl.values()):
+        for conn in list(self.workers.conns.values()):
             if not conn.closed:
                 self._set_mask(conn.sock, conn, conn.wants_write)
         for node in self.nodes.conns.values():
@@ -408,285 +323,9 @@ class Sender:
     def _housekeeping(self, now: int) -> None:
         """Timers checked every HOUSEKEEPING_NS: Hello timeouts, delivery timeouts, topic
         waits."""
-        for conn in list(self._ctl.values()):
-            if not conn.authenticated and now - conn.accepted_ns > HELLO_TIMEOUT_NS:
-                log.warning("closing a control connection that sent no Hello")
-                self._drop_control(conn, now)
+        self.workers.drop_silent(now)
         self.done.expire(now)
-        self._send_topic_answers(self.metadata.expire_waiters(now))
-
-    # =====================================================================================
-    # Control plane: workers and the owner
-    # =====================================================================================
-
-    def _accept(self, now: int) -> None:
-        for _ in range(MAX_ACCEPTS_PER_EVENT):
-            try:
-                sock, _ = self._listen.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                log.warning("accept failed: %s", exc)
-                return
-            conn = ControlConn(sock, now)
-            self._ctl[conn.id] = conn
-            self._set_mask(conn.sock, conn, False)
-
-    def _post(self, conn: ControlConn, msg: ipc.Message) -> None:
-        if not conn.closed:
-            conn.queue(msg)
-            self._dirty.add(conn)
-
-    def _flush_controls(self) -> None:
-        dirty, self._dirty = self._dirty, set()
-        now = self.clock()
-        for conn in dirty:
-            if conn.closed:
-                continue
-            try:
-                conn.flush()
-            except ControlClosed as exc:
-                log.info("%r: control connection broke: %s", conn, exc)
-                self._control_gone(conn, now)
-
-    def _on_control_readable(self, conn: ControlConn, now: int) -> None:
-        try:
-            msgs = conn.read()
-        except ControlClosed:
-            self._control_gone(conn, now)
-            return
-        except ipc.IpcError as exc:
-            log.warning("%r sent a malformed control message: %s", conn, exc)
-            self._control_gone(conn, now)
-            return
-        for msg in msgs:
-            if conn.closed or self.life.ended:
-                return
-            self._on_message(conn, msg, now)
-
-    def _on_message(self, conn: ControlConn, msg: ipc.Message, now: int) -> None:
-        if not conn.authenticated:
-            if isinstance(msg, ipc.Hello) and hmac.compare_digest(msg.secret, self._secret):
-                self._welcome(conn, msg)
-            else:
-                log.warning("closing a control connection: its first message was not a valid Hello")
-                self._drop_control(conn, now)
-            return
-        if isinstance(msg, ipc.Sealed):
-            self._on_sealed(conn, msg, now)
-        elif isinstance(msg, ipc.Alloc):
-            result = self.pool.alloc(conn.id, conn.slot, msg.request_id, msg.run, msg.count, now)
-            if result is not None:
-                self._send_grants([result])
-        elif isinstance(msg, ipc.Release):
-            for first in msg.buffers:
-                served = self.pool.release(conn.id, first, msg.run)
-                if served is None:
-                    log.warning("%r released buffer %d+%d it does not hold", conn, first, msg.run)
-                else:
-                    self._send_grants(served)
-        elif isinstance(msg, ipc.TopicRequest):
-            self._on_topic_request(conn, msg, now)
-        elif isinstance(msg, ipc.Bye):
-            conn.bye = True
-            self._control_gone(conn, now)
-        elif isinstance(msg, ipc.Shutdown):
-            if conn.owner:
-                self._begin_shutdown(msg.timeout_ms, now)
-            else:
-                log.warning("%r sent Shutdown; only the owner may close the producer", conn)
-        else:
-            log.warning("%r sent an unexpected %s; closing it", conn, type(msg).__name__)
-            self._control_gone(conn, now)
-
-    def _welcome(self, conn: ControlConn, hello: ipc.Hello) -> None:
-        if hello.owner and (self._owner is not None or hello.pid != self.spec.owner_pid):
-            log.warning("refusing a second or foreign owner Hello (pid %d)", hello.pid)
-            self._drop_control(conn, self.clock())
-            return
-        try:
-            slot = self._slots.index(False)
-        except ValueError:
-            self._post(
-                conn,
-                ipc.Fatal(
-                    ProducerError.code,
-                    f"too many processes attached (max_workers={self.geo.max_workers})",
-                ),
-            )
-            self._flush_controls()
-            self._drop_control(conn, self.clock())
-            return
-        self._slots[slot] = True
-        conn.slot = slot
-        conn.pid = hello.pid
-        conn.start_us = hello.start_us
-        conn.owner = hello.owner
-        self.shared.claim_worker_slot(slot, hello.pid, hello.start_us)
-        self.shared.add(L.S_WORKERS_ATTACHED, 1)
-        self._post(conn, ipc.Welcome(slot))
-        if conn.owner:
-            self._owner = conn
-            if self.life.phase is not Phase.BOOTSTRAP:
-                self._post(conn, ipc.Ready(0))
-        if self.life.phase is Phase.CLOSING:
-            self._post(
-                conn,
-                ipc.Fatal(ProducerClosedError.code, "the producer is being closed by its owner"),
-            )
-        log.debug("attached %r", conn)
-
-    def _control_gone(self, conn: ControlConn, now: int) -> None:
-        """A control connection ended: Bye (clean) or EOF/error (the worker died)."""
-        if conn.closed:
-            return
-        self._drop_control(conn, now)
-        if not conn.authenticated:
-            return
-        died = not conn.bye
-        reclaimed, served = self.pool.reclaim(conn.id)
-        self.metadata.drop_owner(conn.id)
-        self._slots[conn.slot] = False
-        self.shared.add(L.S_WORKERS_ATTACHED, -1)
-        if died:
-            self.shared.set_worker_state(conn.slot, L.WORKER_DEAD)
-            self.shared.add(L.S_WORKERS_DIED, 1)
-            self.shared.add(L.S_BUFFERS_RECLAIMED, reclaimed)
-            log.info("%r died; %d buffers reclaimed", conn, reclaimed)
-        else:
-            self.shared.set_worker_state(conn.slot, L.WORKER_FREE)
-        self._send_grants(served)
-        if conn is self._owner:
-            self._owner_lost(now)
-
-    def _drop_control(self, conn: ControlConn, now: int) -> None:
-        self._forget_socket(conn.sock)
-        conn.close()
-        self._ctl.pop(conn.id, None)
-        self._dirty.discard(conn)
-
-    def _send_grants(self, results: Iterable[AllocResult]) -> None:
-        for r in results:
-            conn = self._ctl.get(r.owner)
-            if conn is None or conn.closed:
-                if r.buffers:  # its worker left meanwhile: take them back
-                    _, served = self.pool.reclaim(r.owner)
-                    self._send_grants(served)
-                continue
-            self._post(conn, ipc.Grant(r.request_id, r.run, r.error, r.buffers))
-
-    def _send_topic_answers(self, answers: Iterable[TopicAnswer]) -> None:
-        for a in answers:
-            if a.owner is None:
-                for conn in self._ctl.values():
-                    if conn.authenticated:
-                        self._post(conn, a.info)
-            else:
-                target = self._ctl.get(a.owner)
-                if target is not None:
-                    self._post(target, a.info)
-
-    def _on_topic_request(self, conn: ControlConn, msg: ipc.TopicRequest, now: int) -> None:
-        if self.life.phase is Phase.CLOSING:
-            code = ProducerClosedError.code
-        elif not 0 < len(msg.name.encode("utf-8")) <= L.MAX_TOPIC_NAME:
-            code = InvalidTopicError.code
-        else:
-            info = self.metadata.topic_request(conn.id, msg.request_id, msg.name, now)
-            if info is not None:
-                self._post(conn, info)
-            return
-        self._post(conn, ipc.TopicInfo(msg.request_id, -1, 0, code, msg.name))
-
-    # -- sealed batches ------------------------------------------------------------------
-
-    def _on_sealed(self, conn: ControlConn, msg: ipc.Sealed, now: int) -> None:
-        """A worker hands over a batch: validate it, then queue it for its partition."""
-        if not self.pool.seal(conn.id, msg.buffer, msg.run):
-            self.shared.add(L.S_BATCHES_FAILED, 1)
-            self._post(
-                conn,
-                ipc.Done(
-                    msg.batch_id,
-                    CorruptBatchError.code,
-                    -1,
-                    -1,
-                    False,
-                    f"buffer run {msg.buffer}+{msg.run} is not granted to this worker",
-                ),
-            )
-            return
-        self.shared.add(L.S_BATCHES_RECEIVED, 1)
-        problem = self._check_sealed(msg)
-        # One queue, one sequence space and one in-flight count per topic-partition: a
-        # slot of a range made by growth is an alias of the partition's home slot
-        home = self.metadata.home(msg.partition_slot)
-        self._arrival += 1
-        # KIP-91: a batch's delivery time counts from when the worker opened it. Not
-        # recorded (0) or in the future (a scribbled descriptor): from now.
-        born = self.shared.created_ns(msg.buffer) or now
-        born = min(born, now)
-        batch = Batch(
-            buffer=msg.buffer,
-            run=msg.run,
-            partition_slot=msg.partition_slot if home is None else home,
-            batch_id=msg.batch_id,
-            length=msg.length,
-            record_count=msg.record_count,
-            origin=conn.id,
-            sealed_ns=now,
-            deadline_ns=born + self.cfg.delivery_timeout_ms * MS,
-            arrival=self._arrival,
-        )
-        if problem:
-            log.warning("%r sealed a corrupt batch: %s", conn, problem)
-            self.done.finish(batch, CorruptBatchError.code, message=problem)
-            return
-        if self.metadata.gone(batch.partition_slot):
-            self.done.finish_gone(batch)
-            return
-        self.shared.describe_batch(
-            msg.buffer,
-            L.BUF_SEALED,
-            batch.partition_slot,
-            msg.batch_id,
-            msg.length,
-            msg.record_count,
-        )
-        self.acc.append(batch)
-
-    def _check_sealed(self, msg: ipc.Sealed) -> str:
-        """Why the sealed batch cannot be sent ("" when it can): framing, CRC, counts."""
-        if self.metadata.locate(msg.partition_slot) is None:
-            return f"partition slot {msg.partition_slot} belongs to no known topic"
-        if not records.HEADER_SIZE <= msg.length <= self.geo.run_bytes(msg.run):
-            return f"length {msg.length} does not fit a run of {msg.run} buffers"
-        try:
-            hdr = records.validate_batch(self.view, self.geo.buffer(msg.buffer), msg.length)
-        except ProtocolError as exc:
-            return f"invalid record batch: {exc}"
-        if hdr.record_count != msg.record_count:
-            return f"batch holds {hdr.record_count} records, Sealed says {msg.record_count}"
-        if hdr.attributes & (records.TRANSACTIONAL_BIT | records.CONTROL_BIT):
-            return "transactional or control batch from a worker"
-        return ""
-
-    # =====================================================================================
-    # Completions (sender/completions.py)
-    # =====================================================================================
-
-    def _post_to(self, origin: int, msg: ipc.Message) -> None:
-        """Posts ``msg`` to the worker connection ``origin`` if it is still attached."""
-        conn = self._ctl.get(origin)
-        if conn is not None and not conn.closed:
-            self._post(conn, msg)
-
-    def _request_done(self, ctx: ProduceContext) -> None:
-        self.in_flight.done(ctx.batches.values())
-
-    # =====================================================================================
-    # Brokers (sender/nodes.py)
-    # =====================================================================================
+        self.workers.send_topic_answers(self.metadata.expire_waiters(now))
 
     def _note_bootstrap_error(self, reason: str) -> None:
         self._bootstrap_error = reason
@@ -762,8 +401,8 @@ class Sender:
         if self.identity.enabled and not self.identity.has_id:
             return
         self.life.to_running()
-        if self._owner is not None:
-            self._post(self._owner, ipc.Ready(0))
+        if self.workers.owner is not None:
+            self.workers.post(self.workers.owner, ipc.Ready(0))
         log.info("ready")
 
     def _bootstrap_failed(self, now: int) -> None:
@@ -859,7 +498,7 @@ class Sender:
         )
         try:
             answer = ProduceResponse if self.cfg.acks != 0 else None
-            conn.send(req, answer, _ProduceHandler(self, ctx), now)
+            conn.send(req, answer, ProduceHandler(ctx, self.in_flight, self.done), now)
         except UnsupportedVersionError as exc:
             for batch in batches:
                 self.done.finish(batch, ec.UNSUPPORTED_VERSION, message=str(exc))
@@ -884,8 +523,8 @@ class Sender:
         self._shutdown_deadline = now + timeout_ms * MS
         if was_bootstrapping:
             self._shutdown_deadline = now  # nothing can be sent: finish at once
-        self._send_grants(self.pool.close())
-        self._send_topic_answers(self.metadata.fail_waiters(ProducerClosedError.code))
+        self.workers.send_grants(self.pool.close())
+        self.workers.send_topic_answers(self.metadata.fail_waiters(ProducerClosedError.code))
         log.info("shutting down (timeout %d ms)", timeout_ms)
 
     def _progress_shutdown(self, now: int) -> None:
@@ -915,7 +554,7 @@ class Sender:
                 conn.send(
                     MetadataRequest(topics=[], allow_auto_topic_creation=False),
                     MetadataResponse,
-                    _FenceHandler(self, conn.node_id),
+                    FenceHandler(self._fences, conn.node_id),
                     now,
                 )
             except UnsupportedVersionError:
@@ -947,15 +586,12 @@ class Sender:
         bootstrapping = self.life.phase is Phase.BOOTSTRAP
         closed = exit_status == lifecycle.EXIT_OK
         self.life.to_ended(L.STATE_CLOSED if closed else L.STATE_FAILED, code, exit_status)
-        self._send_grants(self.pool.close())
-        self._send_topic_answers(self.metadata.fail_waiters(code))
+        self.workers.send_grants(self.pool.close())
+        self.workers.send_topic_answers(self.metadata.fail_waiters(code))
         self._abort_all(code, batch_message or message)
-        for conn in list(self._ctl.values()):
-            if conn.authenticated:
-                if bootstrapping and conn is self._owner:
-                    self._post(conn, ipc.Ready(code, message))
-                self._post(conn, ipc.Fatal(code, message))
-        self._flush_controls_bounded()
+        ready = ipc.Ready(code, message) if bootstrapping else None
+        self.workers.post_all(ipc.Fatal(code, message), ready=ready)
+        self.workers.flush_bounded()
         if self._owner_gone:
             lifecycle.remove_producer_files(self.spec.segment, self.spec.socket_path)
 
@@ -981,36 +617,19 @@ class Sender:
         with contextlib.suppress(Exception):
             self.life.to_ended(L.STATE_FAILED, code, lifecycle.EXIT_CRASHED)
         self.life.exit_status = lifecycle.EXIT_CRASHED
-        for conn in list(self._ctl.values()):
+        for conn in list(self.workers.conns.values()):
             if conn.authenticated and not conn.closed:
                 with contextlib.suppress(Exception):
-                    if conn is self._owner and bootstrapping:
+                    if conn is self.workers.owner and bootstrapping:
                         conn.queue(ipc.Ready(code, message))
                     conn.queue(ipc.Fatal(code, message))
-                    self._dirty.add(conn)
+                    self.workers.dirty.add(conn)
         with contextlib.suppress(Exception):
-            self._flush_controls_bounded()
-
-    def _flush_controls_bounded(self) -> None:
-        """Writes pending control messages, waiting at most EXIT_FLUSH_NS in total."""
-        deadline = self.clock() + EXIT_FLUSH_NS
-        pending = [c for c in self._ctl.values() if c.wants_write]
-        while pending:
-            for conn in pending:
-                try:
-                    conn.flush()
-                except ControlClosed:
-                    conn.close()
-            pending = [c for c in pending if c.wants_write]
-            if not pending or self.clock() >= deadline:
-                return
-            time.sleep(0.002)
+            self.workers.flush_bounded()
 
     def _close_everything(self) -> None:
         self.nodes.close_all()
-        for conn in list(self._ctl.values()):
-            conn.close()
-        self._ctl.clear()
+        self.workers.close_all()
         with contextlib.suppress(Exception):
             self._sel.close()
         with contextlib.suppress(OSError):

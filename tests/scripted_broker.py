@@ -24,22 +24,15 @@ it looks for a message.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
-import secrets
-import shutil
 import socket
-import tempfile
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from shmprod import ipc
-from shmprod import layout as L
 from shmprod.config import ProducerConfig
-from shmprod.handle import SenderSpec
-from shmprod.ipc import process_start_us
 from shmprod.protocol import error_codes as ec
 from shmprod.protocol.frames import FrameDecoder
 from shmprod.protocol.messages import (
@@ -65,8 +58,7 @@ from shmprod.protocol.messages import (
 )
 from shmprod.protocol.records import RecordBatch, decode_batches
 from shmprod.sender.loop import Sender
-from shmprod.shm import Segment
-from tests.sender_peers import Endpoint, FakeWorker
+from tests.sender_peers import SMALL, Endpoint, FakeWorker, SenderHome
 
 HOST = "127.0.0.1"
 WRITE_THEN_DROP = "write-then-drop"
@@ -351,19 +343,9 @@ class DrivenWorker(FakeWorker):
         self.rig = rig
         super().__init__(endpoint, **kw)
 
-    def _read(self) -> bool:
-        if self.eof or not self.sel.select(0):
-            return False
-        data = self.sock.recv(1 << 20)
-        if not data:
-            self.eof = True
-            return False
-        self.stash.extend(self.reader.feed(data))
-        return True
-
     def _pump(self, deadline: float) -> bool:
         self.rig.cycle()
-        return self._read()
+        return self._read(0)
 
     def expect(
         self,
@@ -377,10 +359,9 @@ class DrivenWorker(FakeWorker):
         rig's clock; AssertionError otherwise."""
         limit = self.rig.now + int(within_ms * 1_000_000)
         while True:
-            for i, msg in enumerate(self.stash):
-                if isinstance(msg, cls) and pred(msg):
-                    del self.stash[i]
-                    return msg
+            found = self._take(cls, pred)
+            if found is not None:
+                return found
             if self.eof:
                 raise AssertionError(f"no {cls.__name__}: the sender closed; got {self.stash!r}")
             if any(self._pump(0) for _ in range(IDLE_TURNS)):
@@ -404,47 +385,32 @@ class SenderRig:
     """A Sender in this process over a real segment, its clock :attr:`now`."""
 
     def __init__(self, broker: ScriptedBroker, **options: Any) -> None:
-        options.setdefault("buffer_memory", 64 * 1024)
-        options.setdefault("batch_size", 1024)
-        options.setdefault("linger_ms", 0)
-        options.setdefault("retry_backoff_ms", 10)
-        options.setdefault("retry_backoff_max_ms", 100)
-        options.setdefault("request_timeout_ms", 5_000)
-        options.setdefault("delivery_timeout_ms", 30_000)
+        options = {
+            **SMALL,
+            "retry_backoff_ms": 10,
+            "retry_backoff_max_ms": 100,
+            "delivery_timeout_ms": 30_000,
+            **options,
+        }
         self.broker = broker
         self.now = START_NS
         self._random = random.getstate()
         random.seed(SEED)  # the backoffs' jitter: the same turns every run
         self.cfg = ProducerConfig(bootstrap_servers=broker.bootstrap, **options)
-        self.geo = L.Geometry.for_pool(self.cfg.buffer_memory, self.cfg.batch_size)
-        self.segment = Segment.create(self.geo.segment_size)
-        self.view = self.segment.view
-        start_us = process_start_us()
-        L.write_header(self.view, self.geo, os.getpid(), start_us)
-        self.dir = tempfile.mkdtemp(prefix="shmprod-test-")
-        path = os.path.join(self.dir, "ctl.sock")
-        self.listen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listen.bind(path)
-        self.listen.listen(16)
-        secret = secrets.token_bytes(ipc.SECRET_SIZE)
-        spec = SenderSpec(
-            segment=self.segment.name,
-            socket_path=path,
-            secret_hex=secret.hex(),
-            owner_pid=os.getpid(),
-            owner_start_us=start_us,
-            listen_fd=self.listen.fileno(),
-            config=self.cfg.to_wire(),
-        )
+        self.home = SenderHome(self.cfg)
+        self.geo = self.home.geo
+        self.view = self.home.view
         self.sender = Sender(
-            spec, self.view, self.listen, clock=lambda: self.now, owner_alive=lambda: True
+            self.home.spec,
+            self.view,
+            self.home.listen,
+            clock=lambda: self.now,
+            owner_alive=lambda: True,
         )
         select = self.sender._sel.select
         self.sender._sel.select = lambda timeout=None: select(0)  # type: ignore[method-assign]
         self.status: int | None = None
-        self.worker = DrivenWorker(
-            self, Endpoint(self.geo, self.view, path, secret, start_us), as_owner=True
-        )
+        self.worker = DrivenWorker(self, self.home.endpoint, as_owner=True)
 
     def cycle(self) -> None:
         """One turn: the sender's step, then the broker's pump."""
@@ -466,13 +432,8 @@ class SenderRig:
         nxt = self.sender._next_wakeup(self.now) if self.status is None else limit
         self.now = min(max(nxt, self.now + 1_000_000), max(limit, self.now))
 
-    def advance(self, ms: float) -> None:
-        """Moves the clock (then turns, so the sender acts on it)."""
-        self.now += int(ms * 1_000_000)
-        self.turn()
-
     def stat(self, field: int) -> int:
-        return int(L.U64.unpack_from(self.view, self.geo.stats + field)[0])
+        return self.home.stat(field)
 
     def close(self) -> None:
         self.worker.close()
@@ -480,8 +441,6 @@ class SenderRig:
             self.sender._close_everything()
         del self.sender
         self.view = None  # type: ignore[assignment]
-        with contextlib.suppress(BufferError):
-            self.segment.close()
-        self.segment.unlink()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.worker.view = None  # type: ignore[assignment]
+        self.home.remove()
         random.setstate(self._random)

@@ -32,6 +32,13 @@ from shmprod.shm import Segment
 from tests.kafka_proxy import KafkaProxy
 
 M = TypeVar("M", bound=ipc.Message)
+# the sender tests' producer: a small pool and small batches, nothing lingers
+SMALL: dict[str, Any] = {
+    "buffer_memory": 64 * 1024,
+    "batch_size": 1024,
+    "linger_ms": 0,
+    "request_timeout_ms": 5_000,
+}
 WAIT = 20.0  # upper bound of any single wait in these tests
 
 
@@ -46,44 +53,59 @@ class Endpoint:
     start_us: int = 0
 
 
-class Owner:
-    """What Producer(...) does before and around the sender: segment, socket, spawn."""
+class SenderHome:
+    """What a sender is given by its owner: the segment (header written), the control
+    socket listening in a private directory, the secret, and the spec naming them."""
 
-    def __init__(self, bootstrap: str, **options: Any) -> None:
-        options.setdefault("buffer_memory", 64 * 1024)
-        options.setdefault("batch_size", 1024)
-        options.setdefault("linger_ms", 0)
-        options.setdefault("max_block_ms", 10_000)
-        options.setdefault("request_timeout_ms", 5_000)
-        options.setdefault("delivery_timeout_ms", 15_000)
-        self.cfg = ProducerConfig(bootstrap_servers=bootstrap, **options)
-        self.geo = L.Geometry.for_pool(self.cfg.buffer_memory, self.cfg.batch_size)
+    def __init__(self, cfg: ProducerConfig) -> None:
+        self.cfg = cfg
+        self.geo = L.Geometry.for_pool(cfg.buffer_memory, cfg.batch_size)
         self.segment = Segment.create(self.geo.segment_size)
+        self.view = self.segment.view
         self.start_us = process_start_us()
-        L.write_header(self.segment.view, self.geo, os.getpid(), self.start_us)
+        L.write_header(self.view, self.geo, os.getpid(), self.start_us)
         self.dir = tempfile.mkdtemp(prefix="shmprod-test-")
         self.socket_path = os.path.join(self.dir, "ctl.sock")
-        listen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listen.bind(self.socket_path)
-        listen.listen(64)
+        self.listen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listen.bind(self.socket_path)
+        self.listen.listen(64)
         self.secret = secrets.token_bytes(ipc.SECRET_SIZE)
-        spec = SenderSpec(
+        self.spec = SenderSpec(
             segment=self.segment.name,
             socket_path=self.socket_path,
             secret_hex=self.secret.hex(),
             owner_pid=os.getpid(),
             owner_start_us=self.start_us,
-            listen_fd=listen.fileno(),
-            config=self.cfg.to_wire(),
+            listen_fd=self.listen.fileno(),
+            config=cfg.to_wire(),
         )
-        try:
-            self.proc = spawn_sender(spec)
-        finally:
-            listen.close()
-        self.view = self.segment.view
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.geo, self.view, self.socket_path, self.secret, self.start_us)
 
     def stat(self, field: int) -> int:
         return int(L.U64.unpack_from(self.view, self.geo.stats + field)[0])
+
+    def remove(self) -> None:
+        """Unmaps and unlinks the segment, removes the socket's directory."""
+        self.view = None  # type: ignore[assignment]
+        with contextlib.suppress(BufferError):
+            self.segment.close()
+        self.segment.unlink()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Owner(SenderHome):
+    """What Producer(...) does before and around the sender: segment, socket, spawn."""
+
+    def __init__(self, bootstrap: str, **options: Any) -> None:
+        options = {**SMALL, "max_block_ms": 10_000, "delivery_timeout_ms": 15_000, **options}
+        super().__init__(ProducerConfig(bootstrap_servers=bootstrap, **options))
+        try:
+            self.proc = spawn_sender(self.spec)
+        finally:
+            self.listen.close()
 
     def wait_exit(self, timeout: float = WAIT) -> int:
         return self.proc.wait(timeout)
@@ -92,9 +114,7 @@ class Owner:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-        self.segment.close()
-        self.segment.unlink()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.remove()
 
 
 class FakeWorker:
@@ -126,11 +146,9 @@ class FakeWorker:
     def send(self, *msgs: ipc.Message) -> None:
         self.sock.sendall(b"".join(ipc.encode(m) for m in msgs))
 
-    def _pump(self, deadline: float) -> bool:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or self.eof:
-            return False
-        if not self.sel.select(remaining):
+    def _read(self, timeout: float) -> bool:
+        """Reads what arrives within ``timeout`` seconds into the stash; False if none."""
+        if self.eof or not self.sel.select(timeout):
             return False
         data = self.sock.recv(1 << 20)
         if not data:
@@ -139,15 +157,26 @@ class FakeWorker:
         self.stash.extend(self.reader.feed(data))
         return True
 
+    def _pump(self, deadline: float) -> bool:
+        remaining = deadline - time.monotonic()
+        return remaining > 0 and self._read(remaining)
+
+    def _take(self, cls: type[M], pred: Callable[[M], bool]) -> M | None:
+        """The first stashed message of ``cls`` matching ``pred``, taken out."""
+        for i, msg in enumerate(self.stash):
+            if isinstance(msg, cls) and pred(msg):
+                del self.stash[i]
+                return msg
+        return None
+
     def expect(
         self, cls: type[M], pred: Callable[[M], bool] = lambda m: True, timeout: float = WAIT
     ) -> M:
         deadline = time.monotonic() + timeout
         while True:
-            for i, msg in enumerate(self.stash):
-                if isinstance(msg, cls) and pred(msg):
-                    del self.stash[i]
-                    return msg
+            found = self._take(cls, pred)
+            if found is not None:
+                return found
             if not self._pump(deadline) and (self.eof or time.monotonic() >= deadline):
                 raise AssertionError(f"no {cls.__name__} (eof={self.eof}); got {self.stash!r}")
 

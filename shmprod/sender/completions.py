@@ -108,7 +108,7 @@ class Completions:
         message: str = "",
     ) -> None:
         """The one completion of a batch: its outcome to the worker (unless already
-        reported, see :meth:`_report`), counters, and its buffers back to the pool."""
+        reported, see :meth:`report`), counters, and its buffers back to the pool."""
         self.report(
             batch, code, base_offset, log_append_time_ms, retriable=retriable, message=message
         )

@@ -18,9 +18,8 @@ from shmprod.broker import EmbeddedBroker
 from shmprod.errors import ProducerError
 from shmprod.futures import BatchFuture, BatchOutcome, OutcomePiece
 from shmprod.worker import Worker, attach
-from shmprod.worker.bulk import Columns
-from shmprod.worker.held import _concat
-from shmprod.worker.staging import HeldCalls
+from shmprod.worker.held import concat
+from shmprod.worker.staging import Columns, HeldCalls
 from tests.fake_sender import FakeSender
 from tests.readback import consume_all
 
@@ -253,7 +252,7 @@ def test_concat_keeps_every_row(chunks: list[tuple[list[bytes | None], bool, pa.
             )
         )
         want += [(None if keys is None else keys[j], values[j], i) for j in range(n)]
-    out = _concat(cols)
+    out = concat(cols)
     keys_out = [None] * out.n if out.keys is None else out.keys.to_pylist()
     assert isinstance(out.timestamps, np.ndarray)
     got = list(zip(keys_out, out.values.to_pylist(), out.timestamps.tolist(), strict=True))
@@ -311,11 +310,11 @@ def test_held_values_are_not_copied_when_the_extension_writes_them(
         for a in arrays
     ]
     if speedups.plan_batches is not None:
-        out = _concat(cols)
+        out = concat(cols)
         assert isinstance(out.values, pa.ChunkedArray)
         assert out.values.chunks[0].buffers()[2].address == arrays[0].buffers()[2].address
         assert out.values.to_pylist() == [b"a" * 50, b"b", b"c"]
     monkeypatch.setattr(speedups, "plan_batches", None)
-    joined = _concat(cols)
+    joined = concat(cols)
     assert isinstance(joined.values, pa.Array)
     assert joined.values.to_pylist() == [b"a" * 50, b"b", b"c"]

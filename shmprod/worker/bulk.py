@@ -84,10 +84,11 @@ from shmprod.protocol import vectorized as V
 from shmprod.protocol.columns import binary_lengths, index_array, join_binary
 from shmprod.protocol.records import HEADER_SIZE, Header
 from shmprod.worker import append as A
+from shmprod.worker import held
 from shmprod.worker.direct import DirectBatch, arrow_source, staged_source
 from shmprod.worker.direct import plan as direct_plan
 from shmprod.worker.inputs import check_timestamp, encoded_headers
-from shmprod.worker.staging import HeldCalls, Stage
+from shmprod.worker.staging import Columns, HeldCalls, Stage
 from shmprod.worker.topics import TopicEntry, validate_topic
 
 if TYPE_CHECKING:
@@ -101,20 +102,6 @@ I64 = npt.NDArray[np.int64]
 _ROW_OVERHEAD: Final = 16  # rough per-row varint bytes, for spreading null keys
 _MAX_WINDOW: Final = 64  # most buffers asked for in one Alloc
 _ATOMIC_MIN: Final = 8  # up to this many batches (or an eighth of the pool): all or none
-
-
-@dataclass(slots=True)
-class Columns:
-    """Checked and converted ``send_batch`` inputs (no shared memory touched yet)."""
-
-    n: int
-    values: pa.Array | pa.ChunkedArray  # chunked: held calls (worker.held), not joined
-    keys: pa.Array | None
-    timestamps: I64 | int  # one per row, or one for all
-    headers: list[Header] | list[list[Header]] | None  # shared list, per-row lists
-    per_row_headers: bool
-    header_bytes: int  # encoded headers section size (largest row when per row)
-    row_bytes: I64  # value + key bytes per row (nulls count 0)
 
 
 def _binary(column: Any, what: str) -> pa.Array:
@@ -512,8 +499,6 @@ def send_batch(
         w._topic_locked(topic)  # unknown topics fail here, before the flush turn
     if cols.n == 0:
         return BatchFuture(w._done_lock, topic, np.zeros(0, np.int32), ts_rows, None, [], [])
-    from shmprod.worker import held
-
     holdable = partitions is None
     future = held.hold(w, topic, cols) if holdable else None
     if future is not None:
@@ -706,9 +691,7 @@ def flush_stage(w: Worker, stage: Stage | HeldCalls, *, keep_when_full: bool = F
     Runs in: worker, holding the flush turn, state lock NOT held."""
     try:
         if isinstance(stage, HeldCalls):
-            from shmprod.worker.held import write_held
-
-            write_held(w, stage)
+            _write_held(w, stage)
         else:
             _flush_stage(w, stage)
     except BufferExhaustedError:
@@ -812,3 +795,26 @@ def _take_rows(cols: Columns, rows: npt.NDArray[np.intp]) -> Columns:
         cols.header_bytes,
         cols.row_bytes[rows],
     )
+
+
+def _write_held(w: Worker, calls: HeldCalls) -> None:
+    """Writes the held calls (:mod:`shmprod.worker.held`) as one call and binds their
+    futures to their rows; raises what :func:`_write` raises when nothing was handed
+    over. Runs in: worker, holding the flush turn, state lock NOT held."""
+    sizes = [c.n for c in calls.chunks]
+    cols = held.concat(calls.chunks)
+    with w._lock:
+        w._check_alive()
+        entry = w._topic_locked(calls.topic)
+        parts = _default_partitions(w, cols, entry, w._batch_size - HEADER_SIZE, None)
+        slots = entry.slots
+    created = calls.deadline_ns - w._linger_ns
+    order, outcomes, counts = _write(w, entry, slots, cols, parts, "bulk", created)
+    assert not isinstance(cols.timestamps, int)
+    whole = BatchFuture(w._done_lock, calls.topic, parts, cols.timestamps, order, outcomes, counts)
+    calls.flushed = True
+    calls.chunks = []
+    lo = 0
+    for future, n in zip(calls.futures, sizes, strict=True):
+        future._bind(whole, lo, lo + n)
+        lo += n

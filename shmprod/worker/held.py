@@ -39,19 +39,18 @@ import pyarrow as pa
 from shmprod import speedups
 from shmprod.futures import BatchFuture
 from shmprod.protocol.columns import join_binary
-from shmprod.protocol.records import HEADER_SIZE
-from shmprod.worker.bulk import Columns, _default_partitions, _write
 from shmprod.worker.staging import (
     STAGE_MAX_BYTES,
     STAGED_MAX_BYTES,
     STAGED_OVERHEAD,
+    Columns,
     HeldCalls,
 )
 
 if TYPE_CHECKING:
     from shmprod.worker.client import Worker
 
-__all__ = ["hold", "write_held"]
+__all__ = ["concat", "hold"]
 
 
 def hold(w: Worker, topic: str, cols: Columns) -> BatchFuture | None:
@@ -85,30 +84,7 @@ def hold(w: Worker, topic: str, cols: Columns) -> BatchFuture | None:
         return future
 
 
-def write_held(w: Worker, held: HeldCalls) -> None:
-    """Writes the held calls as one call and binds their futures to their rows; raises
-    what :func:`~shmprod.worker.bulk._write` raises when nothing was handed over.
-    Runs in: worker, holding the flush turn, state lock NOT held."""
-    sizes = [c.n for c in held.chunks]
-    cols = _concat(held.chunks)
-    with w._lock:
-        w._check_alive()
-        entry = w._topic_locked(held.topic)
-        parts = _default_partitions(w, cols, entry, w._batch_size - HEADER_SIZE, None)
-        slots = entry.slots
-    created = held.deadline_ns - w._linger_ns
-    order, outcomes, counts = _write(w, entry, slots, cols, parts, "bulk", created)
-    assert not isinstance(cols.timestamps, int)
-    whole = BatchFuture(w._done_lock, held.topic, parts, cols.timestamps, order, outcomes, counts)
-    held.flushed = True
-    held.chunks = []
-    lo = 0
-    for future, n in zip(held.futures, sizes, strict=True):
-        future._bind(whole, lo, lo + n)
-        lo += n
-
-
-def _concat(chunks: list[Columns]) -> Columns:
+def concat(chunks: list[Columns]) -> Columns:
     """The held calls' columns as one call's (no headers; per-row timestamps). The keys
     are joined (the partitioner reads one column); the values stay in their calls'
     arrays when the extension writes them (one chunk each), else are joined too."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -47,6 +48,8 @@ from shmprod import speedups
 from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, _call
 from shmprod.protocol.records import Header
 from shmprod.speedups import StageCore, append_row
+
+I64 = npt.NDArray[np.int64]
 
 __all__ = [
     "RECORD_OVERHEAD_MAX",
@@ -262,12 +265,27 @@ class Stage(StageCore):
         self._attach(row, fn, fut)
 
 
+@dataclass(slots=True)
+class Columns:
+    """Checked and converted ``send_batch`` inputs (no shared memory touched yet):
+    written at the call (:mod:`shmprod.worker.bulk`) or held (:class:`HeldCalls`)."""
+
+    n: int
+    values: pa.Array | pa.ChunkedArray  # chunked: held calls (worker.held), not joined
+    keys: pa.Array | None
+    timestamps: I64 | int  # one per row, or one for all
+    headers: list[Header] | list[list[Header]] | None  # shared list, per-row lists
+    per_row_headers: bool
+    header_bytes: int  # encoded headers section size (largest row when per row)
+    row_bytes: I64  # value + key bytes per row (nulls count 0)
+
+
 class HeldCalls:
     """Small ``send_batch`` calls of one topic, held until they are written together
     (:mod:`shmprod.worker.held`). It sits in the topic's list of stages like a
     :class:`Stage` (``send()`` never appends to it: a record sent after it starts a new
     stage, behind it), flushed by the same triggers. ``chunks`` are the calls' checked
-    columns (:class:`~shmprod.worker.bulk.Columns`), ``futures`` their futures.
+    columns (:class:`Columns`), ``futures`` their futures.
 
     Runs in: worker; changed only under the Worker's state lock until taken for a flush.
     """

@@ -187,8 +187,11 @@ def test_a_writer_killed_mid_write_is_retried_and_every_row_lands(
     killer.join(60)
     assert killed, "no writer was seen attached"
     landed = check_all(fresh_broker.bootstrap, topic_name, 3, n)
-    # at least once: the killed task ran again (a second attempt's lineage), and a row
-    # landed at most once per attempt
+    # at least once: the killed task ran again (a later attempt's lineage: 1, or 2 when
+    # the killer also caught the retry before Spark counted the first failure), and a
+    # row landed at most once per attempt
     attempts = Counter(dict(r.headers)[LINEAGE_HEADERS[3]] for r in landed)
-    assert attempts[b"1"] > 0, attempts
-    assert max(times_landed(landed).values()) <= 2
+    assert sum(n for a, n in attempts.items() if a != b"0") > 0, attempts
+    per_attempt = Counter((r.value, dict(r.headers)[LINEAGE_HEADERS[3]]) for r in landed)
+    assert max(per_attempt.values()) == 1, per_attempt.most_common(3)
+    assert max(times_landed(landed).values()) <= len(attempts)

@@ -407,8 +407,8 @@ class SenderRig:
             clock=lambda: self.now,
             owner_alive=lambda: True,
         )
-        select = self.sender._sel.select
-        self.sender._sel.select = lambda timeout=None: select(0)  # type: ignore[method-assign]
+        select = self.sender.poller.select
+        self.sender.poller.select = lambda timeout=None: select(0)  # type: ignore[method-assign]
         self.status: int | None = None
         self.worker = DrivenWorker(self, self.home.endpoint, as_owner=True)
 
@@ -417,7 +417,7 @@ class SenderRig:
         if self.status is None:
             if self.sender.life.ended:
                 self.status = self.sender.life.exit_status
-                self.sender._close_everything()
+                self.sender.close_everything()
             else:
                 self.sender.step()
         self.broker.pump()
@@ -429,7 +429,7 @@ class SenderRig:
     def jump(self, limit: int) -> None:
         """Moves the clock to the sender's next timer (at least 1 ms, at most
         ``limit``)."""
-        nxt = self.sender._next_wakeup(self.now) if self.status is None else limit
+        nxt = self.sender.next_wakeup(self.now) if self.status is None else limit
         self.now = min(max(nxt, self.now + 1_000_000), max(limit, self.now))
 
     def stat(self, field: int) -> int:
@@ -438,7 +438,7 @@ class SenderRig:
     def close(self) -> None:
         self.worker.close()
         if self.status is None:
-            self.sender._close_everything()
+            self.sender.close_everything()
         del self.sender
         self.view = None  # type: ignore[assignment]
         self.worker.view = None  # type: ignore[assignment]

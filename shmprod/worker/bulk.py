@@ -49,20 +49,19 @@ Worker's state lock is held only to register and send ``Sealed`` messages.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shmprod import ipc, speedups
+from shmprod import speedups
 from shmprod.errors import (
     BufferExhaustedError,
     CompressionError,
@@ -88,16 +87,13 @@ from shmprod.worker import held
 from shmprod.worker.direct import DirectBatch, arrow_source, staged_source
 from shmprod.worker.direct import plan as direct_plan
 from shmprod.worker.inputs import check_timestamp, encoded_headers
-from shmprod.worker.staging import Columns, HeldCalls, Stage
+from shmprod.worker.port import AppendPort, Written
+from shmprod.worker.staging import I64, Columns, HeldCalls, Stage
 from shmprod.worker.topics import TopicEntry, validate_topic
-
-if TYPE_CHECKING:
-    from shmprod.worker.client import Worker
 
 __all__ = ["Columns", "flush_stage", "prepare_columns", "send_batch"]
 
 I32 = npt.NDArray[np.int32]
-I64 = npt.NDArray[np.int64]
 
 _ROW_OVERHEAD: Final = 16  # rough per-row varint bytes, for spreading null keys
 _MAX_WINDOW: Final = 64  # most buffers asked for in one Alloc
@@ -190,7 +186,9 @@ class KeyRows:
     header_bytes: int
 
 
-def _partitions(w: Worker, cols: Columns, entry: TopicEntry, partitions: Any, budget: int) -> I32:
+def _partitions(
+    port: AppendPort, cols: Columns, entry: TopicEntry, partitions: Any, budget: int
+) -> I32:
     """Every row's partition (input order). ``partitions``: None, one int, or one per
     row (an Arrow integer array may hold nulls: those rows are partitioned as if none
     was given). Null-key rows: runs of ~one batch, round robin over the partitions from
@@ -211,7 +209,7 @@ def _partitions(w: Worker, cols: Columns, entry: TopicEntry, partitions: Any, bu
         else:
             partitions = partitions.to_numpy(zero_copy_only=False)
     if partitions is None:
-        return _default_partitions(w, cols, entry, budget, None)
+        return _default_partitions(port, cols, entry, budget, None)
     if np.ndim(partitions) == 0:
         return np.full(n, check_partition(partitions, nparts, entry.name), np.int32)
     arr = np.asarray(partitions)
@@ -220,12 +218,12 @@ def _partitions(w: Worker, cols: Columns, entry: TopicEntry, partitions: Any, bu
     out = check_partitions(arr, nparts, entry.name, unset)
     if unset is not None:
         rows = np.flatnonzero(unset)
-        out[rows] = _default_partitions(w, cols, entry, budget, rows)
+        out[rows] = _default_partitions(port, cols, entry, budget, rows)
     return out
 
 
 def _default_partitions(
-    w: Worker,
+    port: AppendPort,
     cols: Columns | KeyRows,
     entry: TopicEntry,
     budget: int,
@@ -238,7 +236,7 @@ def _default_partitions(
     keys = cols.keys
     if keys is not None and rows is not None:
         keys = [keys[i] for i in rows] if isinstance(keys, list) else keys.take(pa.array(rows))
-    part = w._partitioner
+    part = port.partitioner
     if keys is None and isinstance(part, Murmur2Partitioner):
         out = np.full(n, -1, np.int32)
     else:
@@ -253,7 +251,7 @@ def _default_partitions(
         sizes = row_bytes[null] + (_ROW_OVERHEAD + cols.header_bytes)
         run = (np.cumsum(sizes) - 1) // max(budget, 1)
         if entry.next_bulk < 0:
-            entry.next_bulk = w._rand() % nparts
+            entry.next_bulk = port.rand() % nparts
         start = entry.next_bulk
         out[null] = (start + run) % nparts
         entry.next_bulk = int((start + int(run[-1]) + 1) % nparts)
@@ -310,9 +308,9 @@ def _group(cols: Columns, parts: I32) -> _Group:
     return _Group(order, values, keys, ts, headers, ranges)
 
 
-def _check_sizes(w: Worker, cols: Columns) -> None:
+def _check_sizes(port: AppendPort, cols: Columns) -> None:
     """RecordTooLargeError at the call for a row beyond max_request_size or the pool."""
-    limit = min(w._max_request_size, w._geo.n_buffers * w._geo.buffer_size)
+    limit = min(port.max_request_size, port.geo.n_buffers * port.geo.buffer_size)
     if cols.n == 0:
         return
     bound = int(cols.row_bytes.max()) + cols.header_bytes + 31 + HEADER_SIZE
@@ -333,7 +331,7 @@ def _check_sizes(w: Worker, cols: Columns) -> None:
         row = int(big[0])
         raise RecordTooLargeError(
             f"row {row}: a record of {int(sizes[row]) + HEADER_SIZE} bytes (with batch "
-            f"header) is larger than max_request_size={w._max_request_size} or the pool"
+            f"header) is larger than max_request_size={port.max_request_size} or the pool"
         )
 
 
@@ -342,14 +340,14 @@ class _Writer:
 
     def __init__(
         self,
-        w: Worker,
+        port: AppendPort,
         entry: TopicEntry,
         slots: list[int],
         estimate: int,
         hook: str,
         created_ns: int,
     ) -> None:
-        self.w = w
+        self.port = port
         self.entry = entry
         self.slots = slots  # home slot per partition, as when the rows were partitioned
         self.hook = hook  # the fault_hook point after a batch is written (tests)
@@ -360,24 +358,23 @@ class _Writer:
         # (Alloc windows then ask for no more runs of a length than will be used)
         self.need: Counter[int] | None = None
         self.buffers: dict[int, list[int]] = {}  # run length -> runs in hand (first buffers)
-        self.pending: list[tuple[int, int, int, int, int, BatchOutcome, int]] = []
+        self.pending: list[Written] = []
         self.outcomes: list[BatchOutcome] = []
         self.counts: list[int] = []
-        self.deadline = time.monotonic_ns() + w._max_block_ns
+        self.deadline = time.monotonic_ns() + port.max_block_ms * 1_000_000
 
     def reserve(self, runs: Counter[int]) -> None:
         """Takes ``runs`` (run length -> how many) now, all or nothing
         (BufferExhaustedError after max_block_ms, nothing taken). Runs in: worker, state
         lock NOT held."""
-        w = self.w
         got: dict[int, list[int]] = {}
-        with w._lock:
+        with self.port.lock:
             try:
                 for run, count in sorted(runs.items()):
-                    got[run] = w._obtain_locked(run, count, self.deadline)
+                    got[run] = self.port.obtain_locked(run, count, self.deadline)
             except BaseException:
                 for run, firsts in got.items():
-                    w._give_back_locked(firsts, run)
+                    self.port.give_back_locked(firsts, run)
                 raise
         self.buffers = got
 
@@ -389,92 +386,78 @@ class _Writer:
         a process that may wait holds no unused run: with several processes each holding
         runs of one length while waiting for another, the pool ran dry and every one of
         them waited out max_block_ms. Runs in: worker, state lock NOT held."""
-        w = self.w
         held = self.buffers.get(run)
         if held:
             return held.pop()
         self.hand_over()
-        if w._pool_free() * 2 < w._geo.n_buffers:
+        if self.port.pool_free() * 2 < self.port.geo.n_buffers:
             self.give_back()
-        with w._lock:
+        with self.port.lock:
             want = self.estimate if self.need is None else self.need[run]
-            window = max(1, min(want, _MAX_WINDOW // run, w._geo.n_buffers // (8 * run)))
-            held = self.buffers[run] = w._obtain_locked(run, window, self.deadline)
+            window = max(1, min(want, _MAX_WINDOW // run, self.port.geo.n_buffers // (8 * run)))
+            held = self.buffers[run] = self.port.obtain_locked(run, window, self.deadline)
         return held.pop()
 
     def write(self, batch: V.EncodedBatch | DirectBatch, partition: int) -> None:
         """Writes one whole batch into a granted buffer (compressed here when a codec is
         set). Runs in: worker, no lock: the buffer is this call's alone until handed over."""
-        w = self.w
-        geo = w._geo
+        geo = self.port.geo
         run = geo.buffers_for(HEADER_SIZE + batch.section_size)
         buf = self.buffer(run)
         if self.need is not None:
             self.need[run] -= 1
         start = geo.buffer(buf)
-        mv = w._view[start : start + geo.run_bytes(run)]
+        mv = self.port.view[start : start + geo.run_bytes(run)]
         self.used += run
         try:
             if A.fault_hook is not None and self.hook == "sealed":  # tests only
                 A.fault_hook("seal", mv, 0)
             try:
-                end = batch.write_into(mv, 0, settings=w._settings)
+                end = batch.write_into(mv, 0, settings=self.port.settings)
             except (EncodeError, CompressionError):
                 end = batch.write_into(mv, 0)  # compressed form does not fit: as is
             if A.fault_hook is not None:  # tests only (see worker.append)
                 A.fault_hook(self.hook, mv, end)
         except BaseException:
-            with w._lock:
-                w._give_back_locked([buf], run)
+            with self.port.lock:
+                self.port.give_back_locked([buf], run)
             raise
         finally:
             mv.release()
-        outcome = BatchOutcome(w._done_lock, self.entry.name, partition)
+        outcome = BatchOutcome(self.port.done_lock, self.entry.name, partition)
         slot = self.slots[partition]
-        self.pending.append((buf, run, slot, end, batch.record_count, outcome, batch.section_size))
+        self.pending.append(
+            Written(buf, run, slot, end, batch.record_count, outcome, batch.section_size)
+        )
         self.outcomes.append(outcome)
         self.counts.append(batch.record_count)
         self.estimate = max(1, self.estimate - 1)
 
     def hand_over(self) -> None:
-        """Marks the written batches' DESCRIPTORs SEALED, registers their outcomes and sends
-        their ``Sealed`` messages. Runs in: worker, taking the state lock once."""
+        """Hands the written batches over (:attr:`AppendPort.hand_over_locked`). Runs in:
+        worker, taking the state lock once."""
         if not self.pending:
             return
-        w = self.w
-        msgs = []
-        now = self.created_ns
-        with w._lock:
+        with self.port.lock:
             # Once the producer failed (the I/O thread may have failed every pending
             # outcome and exited), an outcome registered now would never resolve: raise,
             # and the caller fails these rows as never handed over.
-            w._check_alive()
-            for buf, run, slot, length, count, outcome, raw in self.pending:
-                bid = w._next_batch_id
-                w._next_batch_id = bid + 1
-                A.describe_batch(w._view, w._geo, w._slot, buf, run, slot, bid, length, count, now)
-                w._inflight[bid] = (outcome, count)
-                w._records_appended += count
-                w._bytes_appended += raw
-                w._batches_sealed += 1
-                msgs.append(ipc.encode(ipc.Sealed(buf, run, slot, bid, length, count)))
-            self.pending.clear()
-            w._mark_busy_locked()
-            w._publish_locked()
-            w._send_locked(b"".join(msgs))
+            self.port.check_alive()
+            batches, self.pending = self.pending, []  # from here on the sender's
+            self.port.hand_over_locked(batches, self.created_ns)
 
     def give_back(self) -> None:
         """Returns the runs in hand that no batch took. Runs in: worker, lock NOT held."""
         held = {run: firsts for run, firsts in self.buffers.items() if firsts}
         self.buffers = {}
         if held:
-            with self.w._lock:
+            with self.port.lock:
                 for run, firsts in held.items():
-                    self.w._give_back_locked(firsts, run)
+                    self.port.give_back_locked(firsts, run)
 
 
 def send_batch(
-    w: Worker,
+    port: AppendPort,
     topic: str,
     values: Any,
     keys: Any,
@@ -482,54 +465,54 @@ def send_batch(
     timestamps_ms: Any,
     headers: Any,
 ) -> BatchFuture:
-    """See :meth:`Worker.send_batch` and the module docstring. Runs in: worker, state
+    """See :meth:`shmprod.worker.client.Worker.send_batch` and the module docstring. Runs in: worker, state
     lock NOT held (it takes the flush turn: records this process staged with ``send``
     for the topic are flushed first, so each partition gets them in order)."""
     if type(topic) is not str:
         validate_topic(topic)
     cols = prepare_columns(values, keys, timestamps_ms, headers, time.time_ns() // 1_000_000)
-    _check_sizes(w, cols)
+    _check_sizes(port, cols)
     ts_rows: I64 = (
         np.full(cols.n, cols.timestamps, np.int64)
         if isinstance(cols.timestamps, int)
         else cols.timestamps
     )
-    with w._lock:
-        w._check_alive()
-        w._topic_locked(topic)  # unknown topics fail here, before the flush turn
+    with port.lock:
+        port.check_alive()
+        port.topic_locked(topic)  # unknown topics fail here, before the flush turn
     if cols.n == 0:
-        return BatchFuture(w._done_lock, topic, np.zeros(0, np.int32), ts_rows, None, [], [])
+        return BatchFuture(port.done_lock, topic, np.zeros(0, np.int32), ts_rows, None, [], [])
     holdable = partitions is None
-    future = held.hold(w, topic, cols) if holdable else None
+    future = held.hold(port, topic, cols) if holdable else None
     if future is not None:
         return future
     created = time.monotonic_ns()
-    w._begin_flush(block=True)
+    port.begin_flush(True)
     try:
-        with w._lock:
-            staged = w._take_stages_locked([topic])
+        with port.lock:
+            staged = port.take_stages_locked([topic])
         for i, stage in enumerate(staged):
             try:
-                flush_stage(w, stage, keep_when_full=True)
+                flush_stage(port, stage, keep_when_full=True)
             except BufferExhaustedError:  # the pool is full: the stage waits, this raises
-                w._restore_stages(staged[i:])
+                port.restore_stages(staged[i:])
                 raise
-        future = held.hold(w, topic, cols) if holdable else None
+        future = held.hold(port, topic, cols) if holdable else None
         if future is not None:
             return future
-        with w._lock:
-            w._check_alive()
-            entry = w._topic_locked(topic)
-            parts = _partitions(w, cols, entry, partitions, w._batch_size - HEADER_SIZE)
+        with port.lock:
+            port.check_alive()
+            entry = port.topic_locked(topic)
+            parts = _partitions(port, cols, entry, partitions, port.batch_size - HEADER_SIZE)
             slots = entry.slots  # replaced, never changed in place, when the topic changes
-        order, outcomes, counts = _write(w, entry, slots, cols, parts, "bulk", created)
+        order, outcomes, counts = _write(port, entry, slots, cols, parts, "bulk", created)
     finally:
-        w._end_flush()
-    return BatchFuture(w._done_lock, topic, parts, ts_rows, order, outcomes, counts)
+        port.end_flush()
+    return BatchFuture(port.done_lock, topic, parts, ts_rows, order, outcomes, counts)
 
 
 def _write(
-    w: Worker,
+    port: AppendPort,
     entry: TopicEntry,
     slots: list[int],
     cols: Columns,
@@ -542,14 +525,14 @@ def _write(
     in sorted order). Raises when nothing was handed over; otherwise rows never handed
     over share one failed outcome at the end. Runs in: worker, holding the flush turn,
     state lock NOT held."""
-    budget = w._batch_size - HEADER_SIZE
+    budget = port.batch_size - HEADER_SIZE
     if not cols.per_row_headers:  # straight from the Arrow buffers (worker.direct)
         shared = cast("list[Header] | None", cols.headers)
         source = arrow_source(cols.values, cols.keys, cols.timestamps, shared)
         if source is not None:
             order, ranges = _order(parts)
             todo = direct_plan(source, order, ranges, budget)
-            outcomes, counts = _hand(w, entry, slots, todo, len(todo), cols.n, hook, created_ns)
+            outcomes, counts = _hand(port, entry, slots, todo, len(todo), cols.n, hook, created_ns)
             return order, outcomes, counts
     if isinstance(cols.values, pa.ChunkedArray):  # the encoder below reads one array
         cols.values = join_binary(cols.values.chunks)
@@ -567,7 +550,7 @@ def _write(
             group.keys,
             group.timestamps,
             group.headers,
-            batch_size=w._batch_size,
+            batch_size=port.batch_size,
             groups=[hi for _, _, hi in ranges],
         ):
             while row >= ranges[k][2]:
@@ -576,12 +559,12 @@ def _write(
             row += batch.record_count
 
     estimate = -(-approx // budget) + len(group.ranges)
-    outcomes, counts = _hand(w, entry, slots, encoded(), estimate, cols.n, hook, created_ns)
+    outcomes, counts = _hand(port, entry, slots, encoded(), estimate, cols.n, hook, created_ns)
     return group.order, outcomes, counts
 
 
 def _write_direct(
-    w: Worker,
+    port: AppendPort,
     entry: TopicEntry,
     slots: list[int],
     stage: Stage,
@@ -598,13 +581,13 @@ def _write_direct(
         return None
     order, ranges = _order(parts)
     rows = order if keep is None else (keep if order is None else keep[order])
-    todo = direct_plan(source, rows, ranges, w._batch_size - HEADER_SIZE)
-    outcomes, counts = _hand(w, entry, slots, todo, len(todo), len(parts), "sealed", created_ns)
+    todo = direct_plan(source, rows, ranges, port.batch_size - HEADER_SIZE)
+    outcomes, counts = _hand(port, entry, slots, todo, len(todo), len(parts), "sealed", created_ns)
     return order, outcomes, counts
 
 
 def _hand(
-    w: Worker,
+    port: AppendPort,
     entry: TopicEntry,
     slots: list[int],
     todo: Iterable[tuple[int, V.EncodedBatch | DirectBatch]],
@@ -616,8 +599,8 @@ def _hand(
     """Writes (partition, batch) pairs of ``n`` rows into granted buffers and hands them
     over; returns (outcome per batch, rows per batch). See :func:`_write`. Runs in:
     worker, holding the flush turn, state lock NOT held."""
-    writer = _Writer(w, entry, slots, estimate, hook, created_ns)
-    geo = w._geo
+    writer = _Writer(port, entry, slots, estimate, hook, created_ns)
+    geo = port.geo
     small = max(_ATOMIC_MIN, geo.n_buffers // 8)
     if writer.estimate <= small:
         todo = list(todo)
@@ -630,7 +613,7 @@ def _hand(
         if (
             writer.estimate <= small
             and len(todo) <= small
-            and max(sizes, default=0) <= max(geo.buffer_size, w._batch_size)
+            and max(sizes, default=0) <= max(geo.buffer_size, port.batch_size)
             and sum(run * count for run, count in writer.need.items()) <= small
         ):
             writer.reserve(writer.need)
@@ -641,9 +624,9 @@ def _hand(
     except BaseException as exc:
         handed = len(writer.outcomes) - len(writer.pending)
         writer.give_back()
-        with w._lock:
+        with port.lock:
             for item in writer.pending:  # written, never handed over: still ours
-                w._give_back_locked([item[0]], item[1])
+                port.give_back_locked([item.buffer], item.run)
         writer.pending.clear()
         if isinstance(exc, EncodeError) and handed == 0:
             raise InvalidRecordError(str(exc)) from None
@@ -651,16 +634,13 @@ def _hand(
             raise
         del writer.outcomes[handed:]
         del writer.counts[handed:]
-        rest = BatchOutcome(w._done_lock, entry.name, -1)  # the rows never handed over
+        rest = BatchOutcome(port.done_lock, entry.name, -1)  # the rows never handed over
         rest.fail(exc)
         writer.outcomes.append(rest)
         writer.counts.append(n - sum(writer.counts))
     writer.give_back()
-    with w._lock:
-        if writer.hook != "bulk" or writer.used > 1:
-            w._grow_lease(writer.used)
-        with contextlib.suppress(ShmprodError):
-            w._replenish_locked()
+    with port.lock:
+        port.lease_used_locked(writer.used, writer.hook != "bulk" or writer.used > 1)
     return writer.outcomes, writer.counts
 
 
@@ -682,7 +662,9 @@ def _stage_columns(stage: Stage, rows: KeyRows) -> Columns:
     )
 
 
-def flush_stage(w: Worker, stage: Stage | HeldCalls, *, keep_when_full: bool = False) -> None:
+def flush_stage(
+    port: AppendPort, stage: Stage | HeldCalls, *, keep_when_full: bool = False
+) -> None:
     """Encodes the records ``send`` staged for one topic, or the ``send_batch`` calls
     held for it (:mod:`shmprod.worker.held`), and hands them over; resolves the
     futures (a failure before anything was handed over fails every row).
@@ -691,36 +673,34 @@ def flush_stage(w: Worker, stage: Stage | HeldCalls, *, keep_when_full: bool = F
     Runs in: worker, holding the flush turn, state lock NOT held."""
     try:
         if isinstance(stage, HeldCalls):
-            _write_held(w, stage)
+            _write_held(port, stage)
         else:
-            _flush_stage(w, stage)
+            _flush_stage(port, stage)
     except BufferExhaustedError:
         if keep_when_full:
             raise
-        with w._lock:
-            w._records_failed += stage.n
-            w._publish_locked()
+        with port.lock:
+            port.failed_locked(stage.n)
         stage.fail(
             BufferExhaustedError(
-                f"no free pool buffer within max_block_ms={w._max_block_ms} for records "
+                f"no free pool buffer within max_block_ms={port.max_block_ms} for records "
                 "staged since linger_ms ago"
             )
         )
     except ShmprodError as exc:
-        with w._lock:
-            w._records_failed += stage.n
-            w._publish_locked()
+        with port.lock:
+            port.failed_locked(stage.n)
         stage.fail(exc)
     except BaseException as exc:  # a bug: no future may hang on it
         stage.fail(ProducerError(f"flushing staged records failed: {exc!r}"))
         raise
 
 
-def _flush_stage(w: Worker, stage: Stage) -> None:
+def _flush_stage(port: AppendPort, stage: Stage) -> None:
     n = stage.n
     keys: pa.Array | list[bytes | None] | None = None
     if stage.keys.count(None) != n:
-        c_hash = w._murmur and speedups.murmur2_partitions is not None
+        c_hash = port.murmur and speedups.murmur2_partitions is not None
         keys = stage.keys if c_hash else stage.key_column()  # the list: hashed in C
     rows = KeyRows(
         n,
@@ -728,10 +708,10 @@ def _flush_stage(w: Worker, stage: Stage) -> None:
         stage.row_lengths(),
         stage.header_max if stage.headers is not None else 1,
     )
-    with w._lock:
-        w._check_alive()
-        entry = w._topic_locked(stage.topic)
-        parts = _default_partitions(w, rows, entry, w._batch_size - HEADER_SIZE, None)
+    with port.lock:
+        port.check_alive()
+        entry = port.topic_locked(stage.topic)
+        parts = _default_partitions(port, rows, entry, port.batch_size - HEADER_SIZE, None)
         explicit = stage.partition_column()
         if explicit is not None:
             parts = np.where(explicit >= 0, explicit, parts).astype(np.int32)
@@ -741,15 +721,15 @@ def _flush_stage(w: Worker, stage: Stage) -> None:
     if gone.any():
         keep = np.flatnonzero(~gone)
     kept = n if keep is None else len(keep)
-    created = stage.deadline_ns - w._linger_ns
+    created = stage.deadline_ns - port.linger_ns
     written = None
     if kept:
-        written = _write_direct(w, entry, slots, stage, parts[~gone], keep, created)
+        written = _write_direct(port, entry, slots, stage, parts[~gone], keep, created)
     if written is None and kept:
         cols = _stage_columns(stage, rows)
         if keep is not None:
             cols = _take_rows(cols, keep)
-        written = _write(w, entry, slots, cols, parts[~gone], "sealed", created)
+        written = _write(port, entry, slots, cols, parts[~gone], "sealed", created)
     order, outcomes, counts = written if written is not None else (None, [], [])
     counts_a = np.array(counts, dtype=np.int64)
     starts = np.cumsum(counts_a) - counts_a
@@ -763,7 +743,7 @@ def _flush_stage(w: Worker, stage: Stage) -> None:
     else:
         row_batch, row_index = sorted_batch, sorted_index
     if keep is not None:  # rows of gone partitions: one failed outcome of their own
-        lost = BatchOutcome(w._done_lock, stage.topic, -1)
+        lost = BatchOutcome(port.done_lock, stage.topic, -1)
         lost.fail(
             UnknownPartitionError(
                 f"topic {stage.topic!r} has {len(slots)} partitions now: the partition these "
@@ -797,21 +777,23 @@ def _take_rows(cols: Columns, rows: npt.NDArray[np.intp]) -> Columns:
     )
 
 
-def _write_held(w: Worker, calls: HeldCalls) -> None:
+def _write_held(port: AppendPort, calls: HeldCalls) -> None:
     """Writes the held calls (:mod:`shmprod.worker.held`) as one call and binds their
     futures to their rows; raises what :func:`_write` raises when nothing was handed
     over. Runs in: worker, holding the flush turn, state lock NOT held."""
     sizes = [c.n for c in calls.chunks]
     cols = held.concat(calls.chunks)
-    with w._lock:
-        w._check_alive()
-        entry = w._topic_locked(calls.topic)
-        parts = _default_partitions(w, cols, entry, w._batch_size - HEADER_SIZE, None)
+    with port.lock:
+        port.check_alive()
+        entry = port.topic_locked(calls.topic)
+        parts = _default_partitions(port, cols, entry, port.batch_size - HEADER_SIZE, None)
         slots = entry.slots
-    created = calls.deadline_ns - w._linger_ns
-    order, outcomes, counts = _write(w, entry, slots, cols, parts, "bulk", created)
+    created = calls.deadline_ns - port.linger_ns
+    order, outcomes, counts = _write(port, entry, slots, cols, parts, "bulk", created)
     assert not isinstance(cols.timestamps, int)
-    whole = BatchFuture(w._done_lock, calls.topic, parts, cols.timestamps, order, outcomes, counts)
+    whole = BatchFuture(
+        port.done_lock, calls.topic, parts, cols.timestamps, order, outcomes, counts
+    )
     calls.flushed = True
     calls.chunks = []
     lo = 0

@@ -55,7 +55,7 @@ from shmprod.partitioner import check_partition
 from shmprod.protocol.records import HEADER_SIZE, record_size
 from shmprod.protocol.values import frozen
 from shmprod.shm import Segment, SharedMemoryError
-from shmprod.worker import shmstats
+from shmprod.worker import bulk, shmstats
 from shmprod.worker.cause import cause_after_break, cause_from_header, cause_without_segment
 from shmprod.worker.core import _BUSY, CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
 from shmprod.worker.inputs import (
@@ -174,10 +174,6 @@ class Worker(WorkerCore):
         except BaseException:
             self._seg.close()
             raise
-        # The bulk encoder (and pyarrow.compute under it: 0.1-0.3 s) is loaded now, not
-        # by the first flush: that delayed the first linger's worth of records by as much.
-        from shmprod.worker import bulk  # noqa: F401
-
         self._start_io()
         _LIVE.add(self)
         _register_exit_hooks()
@@ -453,12 +449,12 @@ class Worker(WorkerCore):
         future resolves once they are written and acknowledged. Arrow columns are kept
         by reference meanwhile (Arrow data is immutable); other forms are copied.
         """
-        from shmprod.worker import bulk
-
         if self._state or self._fatal is not None:
             self._refuse()
         try:
-            return bulk.send_batch(self, topic, values, keys, partitions, timestamps_ms, headers)
+            return bulk.send_batch(
+                self._port(), topic, values, keys, partitions, timestamps_ms, headers
+            )
         except ShmprodError:
             with self._lock:
                 self._send_errors += 1

@@ -63,7 +63,9 @@ from shmprod.partitioner import Murmur2Partitioner, default_random_source, get_p
 from shmprod.protocol.records import HEADER_SIZE, BatchSettings
 from shmprod.shm import Segment
 from shmprod.speedups import Stager
-from shmprod.worker import shmstats
+from shmprod.worker import bulk, shmstats
+from shmprod.worker.append import describe_batch
+from shmprod.worker.port import AppendPort, Written
 from shmprod.worker.staging import RECORD_OVERHEAD_MAX, STAGED_OVERHEAD, AnyStage
 from shmprod.worker.topics import TopicEntry, TopicTable
 
@@ -369,16 +371,15 @@ class WorkerCore:
         stages' futures, except: ``keep_when_full`` and no pool buffers within
         max_block_ms: the stages stay staged, untouched, and BufferExhaustedError is
         raised (``send`` refuses its record). Runs in: worker, state lock NOT held."""
-        from shmprod.worker import bulk
-
         if not self._begin_flush(block):
             return False
         try:
             with self._lock:
                 stages = self._take_stages_locked(topics)
+            port = self._port()
             for i, stage in enumerate(stages):
                 try:
-                    bulk.flush_stage(self, stage, keep_when_full=keep_when_full)  # type: ignore[arg-type]
+                    bulk.flush_stage(port, stage, keep_when_full=keep_when_full)
                 except BufferExhaustedError:
                     self._restore_stages(stages[i:])
                     raise
@@ -412,6 +413,80 @@ class WorkerCore:
         with self._lock:
             for stage in reversed(stages):
                 self._stages[stage.topic] = [stage, *self._stages.get(stage.topic, ())]
+
+    # ------------------------------------------------------------------------------
+    # the append paths' view of this worker (worker.port)
+    # ------------------------------------------------------------------------------
+
+    def _port(self) -> AppendPort:
+        """What ``send_batch``, held calls and stage flushes may use of this worker; one
+        per call, so it never keeps the Worker alive. Runs in: worker, any lock."""
+        return AppendPort(
+            view=self._view,
+            geo=self._geo,
+            settings=self._settings,
+            batch_size=self._batch_size,
+            linger_ns=self._linger_ns,
+            max_block_ms=self._max_block_ms,
+            max_request_size=self._max_request_size,
+            partitioner=self._partitioner,
+            murmur=self._murmur,
+            rand=self._rand,
+            lock=self._lock,
+            done_lock=self._done_lock,
+            stages=self._stages,
+            check_alive=self._check_alive,
+            topic_locked=self._topic_locked,
+            obtain_locked=self._obtain_locked,
+            give_back_locked=self._give_back_locked,
+            hand_over_locked=self._hand_over_locked,
+            failed_locked=self._failed_locked,
+            lease_used_locked=self._lease_used_locked,
+            stage_added_locked=self._stage_added_locked,
+            staged_total_locked=self._staged_total_locked,
+            take_stages_locked=self._take_stages_locked,
+            pool_free=self._pool_free,
+            begin_flush=self._begin_flush,
+            end_flush=self._end_flush,
+            restore_stages=self._restore_stages,
+        )
+
+    def _hand_over_locked(self, batches: list[Written], created_ns: int) -> None:
+        """The one hand-over of written batches, whatever appended them: DESCRIPTORs
+        marked SEALED, outcomes registered for ``Done``, counters, and one ``Sealed``
+        message each, sent together. ``created_ns``: when their first record was sent
+        (the sender's delivery timeout counts from it). Runs in: worker, state lock held
+        and the flush turn taken (so a partition's batches go in order)."""
+        msgs = []
+        for b in batches:
+            bid = self._next_batch_id
+            self._next_batch_id = bid + 1
+            describe_batch(
+                self._view, self._geo, self._slot, b.buffer, b.run, b.slot, bid, b.length,
+                b.count, created_ns,
+            )  # fmt: skip
+            self._inflight[bid] = (b.outcome, b.count)
+            self._records_appended += b.count
+            self._bytes_appended += b.raw
+            self._batches_sealed += 1
+            msgs.append(ipc.encode(ipc.Sealed(b.buffer, b.run, b.slot, bid, b.length, b.count)))
+        self._mark_busy_locked()
+        self._publish_locked()
+        self._send_locked(b"".join(msgs))
+
+    def _failed_locked(self, n: int) -> None:
+        """``n`` records failed before any of their batches was handed over. Runs in:
+        worker, state lock held."""
+        self._records_failed += n
+        self._publish_locked()
+
+    def _lease_used_locked(self, used: int, grow: bool) -> None:
+        """A flush wrote ``used`` buffers: the lease grows to cover such flushes
+        (``grow``) and is topped up without waiting. Runs in: worker, state lock held."""
+        if grow:
+            self._grow_lease(used)
+        with contextlib.suppress(ShmprodError):
+            self._replenish_locked()
 
     # ------------------------------------------------------------------------------
     # buffers

@@ -31,7 +31,6 @@ lock until taken for a flush.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +38,7 @@ import pyarrow as pa
 from shmprod import speedups
 from shmprod.futures import BatchFuture
 from shmprod.protocol.columns import join_binary
+from shmprod.worker.port import AppendPort
 from shmprod.worker.staging import (
     STAGE_MAX_BYTES,
     STAGED_MAX_BYTES,
@@ -47,30 +47,27 @@ from shmprod.worker.staging import (
     HeldCalls,
 )
 
-if TYPE_CHECKING:
-    from shmprod.worker.client import Worker
-
 __all__ = ["concat", "hold"]
 
 
-def hold(w: Worker, topic: str, cols: Columns) -> BatchFuture | None:
+def hold(port: AppendPort, topic: str, cols: Columns) -> BatchFuture | None:
     """Holds a small call (see the module docstring) and returns its future; None when
     it is to be written now: not held by its kind or size, or the topic's stages must
     be written first (then call again). Runs in: worker, takes the state lock."""
-    if w._linger_ns <= 0 or cols.headers is not None or cols.n == 0:
+    if port.linger_ns <= 0 or cols.headers is not None or cols.n == 0:
         return None
     nbytes = int(cols.row_bytes.sum()) + cols.n * STAGED_OVERHEAD
-    with w._lock:
-        w._check_alive()
-        entry = w._topic_locked(topic)
-        room = min(STAGE_MAX_BYTES, max(1, w._batch_size * entry.partitions * 7 // 8))
-        if nbytes >= room or w._staged_total_locked() + nbytes > STAGED_MAX_BYTES:
+    with port.lock:
+        port.check_alive()
+        entry = port.topic_locked(topic)
+        room = min(STAGE_MAX_BYTES, max(1, port.batch_size * entry.partitions * 7 // 8))
+        if nbytes >= room or port.staged_total_locked() + nbytes > STAGED_MAX_BYTES:
             return None
-        stages = w._stages.get(topic)
+        stages = port.stages.get(topic)
         if stages is None:
-            held = HeldCalls(topic, time.monotonic_ns() + w._linger_ns, room)
-            w._stages[topic] = [held]
-            w._stage_added_locked(held.deadline_ns)
+            held = HeldCalls(topic, time.monotonic_ns() + port.linger_ns, room)
+            port.stages[topic] = [held]
+            port.stage_added_locked(held.deadline_ns)
         else:
             last = stages[-1]
             if len(stages) > 1 or not isinstance(last, HeldCalls) or last.nbytes + nbytes > room:
@@ -79,7 +76,7 @@ def hold(w: Worker, topic: str, cols: Columns) -> BatchFuture | None:
         ts = cols.timestamps
         rows = np.full(cols.n, ts, np.int64) if isinstance(ts, int) else ts.copy()
         cols.timestamps = rows
-        future = BatchFuture.held(w._done_lock, topic, rows)
+        future = BatchFuture.held(port.done_lock, topic, rows)
         held.add(cols, future, nbytes)
         return future
 

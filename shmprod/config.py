@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from shmprod.errors import ConfigError
+from shmprod.partitioner_names import check_partitioner_name
 from shmprod.protocol.compression import codec_id
 
 if TYPE_CHECKING:
@@ -365,19 +366,6 @@ def _check(cfg: ProducerConfig) -> None:
         if fn is not None and not callable(fn):
             raise ConfigError(f"option {name!r} must be callable, got {fn!r}")
     _check_security(cfg)
-
-
-PARTITIONER_NAMES: Final = ("murmur2", "murmur2_random", "round_robin")
-"""The built-in partitioners (shmprod.partitioner makes them)."""
-
-
-def check_partitioner_name(name: str) -> None:
-    """ConfigError unless ``name`` is a built-in partitioner."""
-    if name not in PARTITIONER_NAMES:
-        raise ConfigError(
-            f"unknown partitioner {name!r}; expected one of {', '.join(PARTITIONER_NAMES)} "
-            "or a callable (key, num_partitions) -> partition"
-        )
 
 
 def _check_partitioner(spec: object) -> None:

@@ -41,7 +41,6 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from shmprod import speedups
-from shmprod.config import PARTITIONER_NAMES, check_partitioner_name
 from shmprod.errors import (
     ConfigError,
     EncodeError,
@@ -49,6 +48,7 @@ from shmprod.errors import (
     ShmprodError,
     UnknownPartitionError,
 )
+from shmprod.partitioner_names import PARTITIONER_NAMES, check_partitioner_name
 from shmprod.protocol.columns import arrow_buffers, to_binary_array, valid_mask
 
 __all__ = [
@@ -755,7 +755,7 @@ _FACTORIES: Final[dict[str, Callable[[], Partitioner]]] = {
 }
 
 if tuple(_FACTORIES) != PARTITIONER_NAMES:  # config checks the names without this module
-    raise ImportError("shmprod.config.PARTITIONER_NAMES and the partitioners differ")
+    raise ImportError("PARTITIONER_NAMES and the partitioners differ")
 
 
 def get_partitioner(spec: str | KeyPartitionFn | Partitioner = "murmur2") -> Partitioner:

@@ -311,8 +311,9 @@ class Geometry:
 
 
 def write_header(buf: memoryview, geo: Geometry, owner_pid: int, owner_start_us: int) -> None:
-    """Initialises HEADER. Runs in: owner, at creation, before anyone attaches."""
-    buf[H_MAGIC : H_MAGIC + 8] = MAGIC
+    """Initialises HEADER. Runs in: owner, at creation, before anyone attaches. The
+    magic goes last: a segment whose magic another process reads (a sweep looking for
+    dead producers' files) already names its owner."""
     U32.pack_into(buf, H_VERSION, LAYOUT_VERSION)
     U64.pack_into(buf, H_SEGMENT_SIZE, geo.segment_size)
     U32.pack_into(buf, H_N_BUFFERS, geo.n_buffers)
@@ -323,6 +324,7 @@ def write_header(buf: memoryview, geo: Geometry, owner_pid: int, owner_start_us:
     U64.pack_into(buf, H_OWNER_PID, owner_pid)
     U64.pack_into(buf, H_OWNER_START_US, owner_start_us)
     U32.pack_into(buf, H_STATE, STATE_STARTING)
+    buf[H_MAGIC : H_MAGIC + 8] = MAGIC
 
 
 class LayoutError(ValueError):

@@ -82,8 +82,8 @@ def find_stale(shm_dir: str = shm.SHM_DIR) -> list[Stale]:
         owner_start = int(L.U64.unpack_from(view, L.H_OWNER_START_US)[0])
         sender = int(L.U64.unpack_from(view, L.H_SENDER_PID)[0])
         sender_start = int(L.U64.unpack_from(view, L.H_SENDER_START_US)[0])
-        if alive(owner, owner_start) or (sender and alive(sender, sender_start)):
-            continue
+        if owner <= 0 or alive(owner, owner_start) or (sender and alive(sender, sender_start)):
+            continue  # no owner named yet: its owner is writing the header
         directory = socket_dir(name)
         size = 0
         with contextlib.suppress(OSError):

@@ -443,7 +443,7 @@ CHOICE_NOTES = """
 
 Checked beyond our own round trips: kafka-python 3 and we read each other's none, gzip,
 lz4 and snappy batches (snappy through kafka-python's own xerial code over a raw-snappy
-shim; tests/test_records.py), and confluent-kafka's consumer
+shim; tests/unit/test_records.py), and confluent-kafka's consumer
 (librdkafka {librdkafka}) reads multi-block batches of every codec from both encoders
 through the embedded broker.
 """

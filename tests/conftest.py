@@ -15,8 +15,8 @@ from shmprod import speedups
 from shmprod.broker import EmbeddedBroker
 from shmprod.worker import Worker, attach
 from shmprod.worker import core as worker_core
-from tests.fake_sender import FakeSender
-from tests.kafka_proxy import KafkaProxy
+from tests.support.fake_sender import FakeSender
+from tests.support.kafka_proxy import KafkaProxy
 
 _topic_ids = itertools.count()
 

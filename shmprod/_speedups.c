@@ -197,6 +197,10 @@ typedef struct {
     Py_ssize_t header_size;    /* a batch's header */
     Py_ssize_t overhead_max;   /* a record's largest varint overhead */
     Py_ssize_t staged_overhead;
+    /* the timestamp of the last record stamped here, and its int: records of the same
+       millisecond share it (no allocation per record; the encoder compares pointers) */
+    long long last_ms;
+    PyObject *last_ts;
 } Stager;
 
 static int
@@ -216,6 +220,7 @@ stager_clear(Stager *self)
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
     Py_CLEAR(self->future_type);
+    Py_CLEAR(self->last_ts);
     return 0;
 }
 
@@ -303,9 +308,17 @@ stager_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwn
         if (clock_gettime(CLOCK_REALTIME, &now) != 0) {
             Py_RETURN_NONE;
         }
-        ts = PyLong_FromLongLong((long long)now.tv_sec * 1000LL + now.tv_nsec / 1000000);
-        if (ts == NULL) {
-            return NULL;
+        long long ms = (long long)now.tv_sec * 1000LL + now.tv_nsec / 1000000;
+        if (self->last_ts != NULL && ms == self->last_ms) {
+            ts = Py_NewRef(self->last_ts);
+        }
+        else {
+            ts = PyLong_FromLongLong(ms);
+            if (ts == NULL) {
+                return NULL;
+            }
+            Py_XSETREF(self->last_ts, Py_NewRef(ts));
+            self->last_ms = ms;
         }
     }
     else if (PyLong_CheckExact(ts_arg)) {
@@ -761,6 +774,11 @@ typedef struct {
     Py_ssize_t n;
     Py_buffer view;
     int held;
+    /* TS_LIST: the last int read and its value. The stager gives every record of one
+       millisecond the same int object, and a millisecond timestamp is a two-digit int,
+       which PyLong_AsLongLong converts on its slow path: a pointer compare skips it. */
+    PyObject *last;
+    long long last_v;
 } Stamps;
 
 static int
@@ -805,7 +823,7 @@ ts_get(Stamps *t, PyObject *obj)
 }
 
 static inline int
-ts_item(const Stamps *t, Py_ssize_t row, long long *ts)
+ts_item(Stamps *t, Py_ssize_t row, long long *ts)
 {
     if (t->kind == TS_ONE) {
         *ts = t->one;
@@ -816,6 +834,10 @@ ts_item(const Stamps *t, Py_ssize_t row, long long *ts)
     }
     else {
         PyObject *o = t->items[row];
+        if (o == t->last) {
+            *ts = t->last_v; /* checked when first read */
+            return 0;
+        }
         if (!PyLong_Check(o)) {
             PyErr_SetString(PyExc_TypeError, "staged timestamps must be ints");
             return -1;
@@ -823,6 +845,10 @@ ts_item(const Stamps *t, Py_ssize_t row, long long *ts)
         *ts = PyLong_AsLongLong(o);
         if (*ts == -1 && PyErr_Occurred()) {
             return -1;
+        }
+        if (*ts >= 0) {
+            t->last = o; /* borrowed: the list holds it for the whole call */
+            t->last_v = *ts;
         }
     }
     if (*ts < 0) {
@@ -910,7 +936,7 @@ fail:
 
 /* Sorted position i's row, key, value and timestamp, checked. */
 static inline int
-row_get(const Rows *r, Py_ssize_t i, const char **k, Py_ssize_t *klen, const char **v,
+row_get(Rows *r, Py_ssize_t i, const char **k, Py_ssize_t *klen, const char **v,
         Py_ssize_t *vlen, long long *ts)
 {
     long long x = r->order ? r->order[i] : (long long)i;

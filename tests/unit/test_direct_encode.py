@@ -48,6 +48,11 @@ def rows(draw: Any) -> tuple[list[Any], list[Any], list[int], np.ndarray | None,
     values = draw(st.lists(blobs, min_size=n, max_size=n))
     keys = draw(st.lists(blobs, min_size=n, max_size=n))
     ts = draw(st.lists(stamps, min_size=n, max_size=n))
+    if draw(st.booleans()):  # as the stager stamps them: one int object per millisecond
+        pool = [int(str(t)) for t in draw(st.lists(stamps, min_size=1, max_size=3))]
+        ts = [
+            pool[i % len(pool)] for i in draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+        ]
     order = None
     if draw(st.booleans()):
         order = np.array(draw(st.permutations(range(n))), np.int64)

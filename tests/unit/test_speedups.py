@@ -5,6 +5,7 @@ threads, a lock that is always released, and no leaked references."""
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import sys
 import threading
@@ -151,6 +152,19 @@ def test_common_case_stages_one_row(kind: Any) -> None:
     assert (stage.n, stage.nbytes) == (1, 10 + 1 + 1 + STAGED)
     fut2 = stager("t", None, None, None, None, 2**63 - 1)
     assert fut2._row == 1 and stage.timestamps[1] == 2**63 - 1
+
+
+def test_records_of_one_millisecond_share_their_timestamp() -> None:
+    """The C stager stamps every record of one millisecond with the same int (no
+    allocation each), and the encoder reads it once."""
+    if C is None:
+        pytest.skip("the C extension is not in use")
+    stager, state = _make(KINDS[-1], [(True, 1 << 30, 0)])
+    for _ in range(2_000):
+        stager("t", b"v", None, None, None, None)
+    ts = state["stages"]["t"][0].timestamps
+    for a, b in itertools.pairwise(ts):
+        assert (a is b) == (a == b)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=IDS)

@@ -189,8 +189,9 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *stages;   /* the Worker's dict: topic -> list of stages */
-    PyObject *acquire;  /* the Worker's state lock: bound acquire and release */
+    PyObject *acquire;  /* the Worker's state lock: bound acquire, release, locked */
     PyObject *release;
+    PyObject *locked;
     PyTypeObject *future_type; /* RecordFuture (a FutureCore subclass) */
     Py_ssize_t records_room;   /* batch_size - batch header */
     Py_ssize_t max_request_size;
@@ -209,6 +210,7 @@ stager_traverse(Stager *self, visitproc visit, void *arg)
     Py_VISIT(self->stages);
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
+    Py_VISIT(self->locked);
     Py_VISIT(self->future_type);
     return 0;
 }
@@ -219,6 +221,7 @@ stager_clear(Stager *self)
     Py_CLEAR(self->stages);
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
+    Py_CLEAR(self->locked);
     Py_CLEAR(self->future_type);
     Py_CLEAR(self->last_ts);
     return 0;
@@ -334,12 +337,40 @@ stager_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwn
         Py_RETURN_NONE;
     }
 
-    PyObject *r = PyObject_CallNoArgs(self->acquire);
-    if (r == NULL) {
+    /* Allocated before the stage is touched: an allocation may start a garbage
+       collection, which may run Python code (finalizers) and switch threads. */
+    FutureCore *fut = (FutureCore *)self->future_type->tp_alloc(self->future_type, 0);
+    if (fut == NULL) {
         Py_DECREF(ts);
         return NULL;
     }
-    Py_DECREF(r);
+    /* The state lock guards the stages against the flushing thread. When nobody holds
+       it, this thread holds the GIL and runs no Python code until the row is staged
+       (no allocation that can collect, no decref that can free what has a finalizer),
+       so no other thread can take the lock or touch the stages meanwhile: the row is
+       staged without acquiring it (two Python calls per record saved). When it is
+       held (a flush, the Python path, a socket write under the lock), this waits for
+       it. A build without the GIL always takes it. */
+    int held = 1;
+#ifndef Py_GIL_DISABLED
+    PyObject *busy = PyObject_CallNoArgs(self->locked);
+    if (busy == NULL) {
+        Py_DECREF(fut);
+        Py_DECREF(ts);
+        return NULL;
+    }
+    held = (busy != Py_False);
+    Py_DECREF(busy);
+#endif
+    if (held) {
+        PyObject *r = PyObject_CallNoArgs(self->acquire);
+        if (r == NULL) {
+            Py_DECREF(fut);
+            Py_DECREF(ts);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
 
     PyObject *result = NULL;
     PyObject *stages = PyDict_GetItemWithError(self->stages, topic); /* borrowed */
@@ -365,36 +396,31 @@ stager_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwn
         result = Py_NewRef(Py_None); /* full, or not plain: the Python path */
         goto done;
     }
-    FutureCore *fut = (FutureCore *)self->future_type->tp_alloc(self->future_type, 0);
-    if (fut == NULL) {
-        goto done;
-    }
-    fut->stage = Py_NewRef(item);
-    fut->row = st->n;
     if (PyList_Append(st->values, value) < 0) {
-        Py_DECREF(fut);
         goto done;
     }
     if (PyList_Append(st->keys, key) < 0) {
         drop_last(st->values);
-        Py_DECREF(fut);
         goto done;
     }
     if (PyList_Append(st->timestamps, ts) < 0) {
         drop_last(st->values);
         drop_last(st->keys);
-        Py_DECREF(fut);
         goto done;
     }
+    fut->stage = Py_NewRef(item);
+    fut->row = st->n;
     st->n += 1;
     st->nbytes += size;
-    result = (PyObject *)fut;
+    result = (PyObject *)Py_NewRef(fut);
 done:
-    Py_DECREF(ts);
-    if (unlock(self) < 0) {
+    if (held && unlock(self) < 0) {
         Py_XDECREF(result);
-        return NULL;
+        result = NULL;
     }
+    /* after the stage is consistent: these may free objects */
+    Py_DECREF(fut);
+    Py_DECREF(ts);
     return result;
 }
 
@@ -425,16 +451,24 @@ stager_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(acquire);
         return NULL;
     }
+    PyObject *locked = PyObject_GetAttrString(lock, "locked");
+    if (locked == NULL) {
+        Py_DECREF(acquire);
+        Py_DECREF(release);
+        return NULL;
+    }
     Stager *self = (Stager *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(acquire);
         Py_DECREF(release);
+        Py_DECREF(locked);
         return NULL;
     }
     self->vectorcall = stager_call;
     self->stages = Py_NewRef(stages);
     self->acquire = acquire;
     self->release = release;
+    self->locked = locked;
     self->future_type = (PyTypeObject *)Py_NewRef(future_type);
     self->records_room = records_room;
     self->max_request_size = max_request_size;

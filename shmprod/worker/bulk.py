@@ -469,7 +469,7 @@ def send_batch(
     lock NOT held (it takes the flush turn: records this process staged with ``send``
     for the topic are flushed first, so each partition gets them in order)."""
     if type(topic) is not str:
-        validate_topic(topic)
+        topic = validate_topic(topic)
     cols = prepare_columns(values, keys, timestamps_ms, headers, time.time_ns() // 1_000_000)
     _check_sizes(port, cols)
     ts_rows: I64 = (

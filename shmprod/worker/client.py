@@ -327,7 +327,7 @@ class Worker(WorkerCore):
                     pairs = None
             ts = _time_ns() // 1_000_000 if timestamp_ms is None else check_timestamp(timestamp_ms)
             if type(topic) is not str:
-                validate_topic(topic)
+                topic = validate_topic(topic)
             klen = 0 if kb is None else len(kb)
             vlen = 0 if vb is None else len(vb)
             bound = klen + vlen + hlen + RECORD_OVERHEAD_MAX

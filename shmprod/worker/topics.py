@@ -46,7 +46,10 @@ _LEGAL: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 def validate_topic(name: object) -> str:
-    """``name`` if Kafka accepts it as a topic name, else :class:`InvalidTopicError`."""
+    """``name`` as a plain ``str`` if Kafka accepts it as a topic name, else
+    :class:`InvalidTopicError`. A ``str`` subclass comes back as a plain copy, so no
+    user ``__eq__`` or ``__hash__`` runs where topics are looked up (the C stager looks
+    a topic up in the stages while it stages a row)."""
     if not isinstance(name, str):
         raise InvalidTopicError(f"topic must be a str, got {type(name).__name__}")
     if _LEGAL.fullmatch(name) is None or name in (".", ".."):
@@ -59,7 +62,7 @@ def validate_topic(name: object) -> str:
         raise InvalidTopicError(
             f"topic name {name!r} is not legal: use 1-249 of [a-zA-Z0-9._-], not '.' or '..'"
         )
-    return name
+    return name if type(name) is str else str.__str__(name)
 
 
 @dataclass(slots=True)

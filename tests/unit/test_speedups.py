@@ -206,6 +206,9 @@ def test_a_lock_that_fails_stages_nothing(kind: Any) -> None:
         def release(self) -> None:
             raise AssertionError("not taken, so not released")
 
+        def locked(self) -> bool:
+            return True  # held elsewhere: the C stager must acquire it
+
     stage_t, fut_t, stager_t = kind
     s = stage_t()
     s.values, s.keys, s.timestamps = [], [], []
@@ -213,6 +216,46 @@ def test_a_lock_that_fails_stages_nothing(kind: Any) -> None:
     with pytest.raises(KeyboardInterrupt):
         stager("t", b"v", None, None, None, None)
     assert s.n == 0 and s.values == []
+
+
+@pytest.mark.skipif(C is None, reason="the C extension is not in use")
+def test_c_takes_the_lock_only_when_someone_holds_it() -> None:
+    """A free lock: the row is staged without acquiring it (the GIL keeps the flushing
+    thread out). A held lock: the stager waits for it like any thread."""
+
+    class Counting:
+        def __init__(self) -> None:
+            self.inner = threading.Lock()
+            self.acquired = 0
+
+        def acquire(self) -> bool:
+            self.acquired += 1
+            return self.inner.acquire()
+
+        def release(self) -> None:
+            self.inner.release()
+
+        def locked(self) -> bool:
+            return self.inner.locked()
+
+    stage_t, fut_t, stager_t = KINDS[-1]
+    s = stage_t()
+    s.values, s.keys, s.timestamps = [], [], []
+    s.limit = 1 << 30
+    lock = Counting()
+    stager = stager_t({"t": [s]}, lock, fut_t, ROOM, MAX_REQUEST, HEADER, OVERHEAD, STAGED)
+    assert stager("t", b"a", None, None, None, 1)._row == 0
+    assert lock.acquired == 0
+    lock.inner.acquire()
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(stager("t", b"b", None, None, None, 2)))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive() and s.n == 1  # waits for the holder
+    lock.inner.release()
+    t.join(10)
+    assert got[0]._row == 1 and lock.acquired == 1
+    assert s.values == [b"a", b"b"] and s.timestamps == [1, 2] and not lock.locked()
 
 
 @pytest.mark.skipif(C is None, reason="the C extension is not in use")

@@ -699,7 +699,8 @@ def flush_stage(
 def _flush_stage(port: AppendPort, stage: Stage) -> None:
     n = stage.n
     keys: pa.Array | list[bytes | None] | None = None
-    if stage.keys.count(None) != n:
+    # a keyed stage answers at its first row (count(None) compares every key with None)
+    if n and (stage.keys[0] is not None or stage.keys.count(None) != n):
         c_hash = port.murmur and speedups.murmur2_partitions is not None
         keys = stage.keys if c_hash else stage.key_column()  # the list: hashed in C
     rows = KeyRows(

@@ -271,16 +271,24 @@ unlock(Stager *self)
  * no room), and the caller handles it in Python, where every check raises its typed
  * error. Runs in: worker, takes the state lock.
  */
+static PyObject *stage_row(Stager *self, PyObject *const *args);
+
 static PyObject *
 stager_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Stager *self = (Stager *)self_;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs != 6 || kwnames != NULL) {
         PyErr_SetString(PyExc_TypeError,
                         "Stager takes (topic, value, key, headers, partition, timestamp_ms)");
         return NULL;
     }
+    return stage_row((Stager *)self_, args);
+}
+
+/* args: topic, value, key, headers, partition, timestamp_ms. */
+static PyObject *
+stage_row(Stager *self, PyObject *const *args)
+{
     PyObject *topic = args[0], *value = args[1], *key = args[2];
     PyObject *headers = args[3], *partition = args[4], *ts_arg = args[5];
     if (headers != Py_None || partition != Py_None || !PyUnicode_CheckExact(topic)) {
@@ -497,6 +505,180 @@ static PyTypeObject StagerType = {
     .tp_clear = (inquiry)stager_clear,
     .tp_vectorcall_offset = offsetof(Stager, vectorcall),
     .tp_call = stager_tp_call,
+};
+
+/* ------------------------------------------------------------------------------------ */
+/* SendMethod: Worker.send without a Python frame in the common case                     */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * A method descriptor standing for Worker.send. Called as worker.send(topic, value=None,
+ * key=None, headers=None, partition=None, timestamp_ms=None): when the worker's
+ * ``_fast`` attribute is its Stager (the worker is open and has no serializers) and the
+ * stager stages the row, that future is the answer; otherwise the Python method it
+ * wraps (``slow``) is called with the same arguments, and every check raises there.
+ * Py_TPFLAGS_METHOD_DESCRIPTOR: worker.send(...) calls it with the worker first, with
+ * no bound method made; worker.send as a value is a bound method.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *slow;
+} SendMethod;
+
+static PyObject *str_fast;       /* "_fast" */
+static PyObject *send_names[6];  /* the parameters after self */
+
+static int
+send_traverse(SendMethod *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->slow);
+    return 0;
+}
+
+static int
+send_clear(SendMethod *self)
+{
+    Py_CLEAR(self->slow);
+    return 0;
+}
+
+static void
+send_dealloc(SendMethod *self)
+{
+    PyObject_GC_UnTrack(self);
+    send_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+send_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    SendMethod *self = (SendMethod *)self_;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs < 2 || nargs > 7) {
+        goto slow;
+    }
+    PyObject *params[6] = {NULL, Py_None, Py_None, Py_None, Py_None, Py_None};
+    for (Py_ssize_t i = 1; i < nargs; i++) {
+        params[i - 1] = args[i];
+    }
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, j);
+        int slot = -1;
+        for (int i = 1; i < 6; i++) {
+            if (name == send_names[i]) {
+                slot = i;
+                break;
+            }
+        }
+        if (slot < 0 || slot < nargs - 1) {
+            goto slow; /* spelled another way, repeated or unknown: Python says which */
+        }
+        params[slot] = args[nargs + j];
+    }
+    PyObject *fast = PyObject_GetAttr(args[0], str_fast);
+    if (fast == NULL) {
+        PyErr_Clear();
+        goto slow;
+    }
+    if (Py_TYPE(fast) != &StagerType) {
+        Py_DECREF(fast);
+        goto slow; /* None: closed, failed, forked, or serializers configured */
+    }
+    PyObject *fut = stage_row((Stager *)fast, params);
+    Py_DECREF(fast);
+    if (fut != Py_None) {
+        return fut; /* the future, or NULL with the error set */
+    }
+    Py_DECREF(fut);
+slow:
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static PyObject *
+send_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"slow", NULL};
+    PyObject *slow;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:SendMethod", kwlist, &slow)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(slow)) {
+        PyErr_SetString(PyExc_TypeError, "slow must be callable");
+        return NULL;
+    }
+    SendMethod *self = (SendMethod *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->vectorcall = send_call;
+    self->slow = Py_NewRef(slow);
+    return (PyObject *)self;
+}
+
+static PyObject *
+send_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static PyObject *
+send_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+/* __doc__, __name__, __qualname__, __module__, __wrapped__: the wrapped method's */
+static PyObject *
+send_getattro(PyObject *self, PyObject *name)
+{
+    PyObject *r = PyObject_GenericGetAttr(self, name);
+    if (r != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        return r;
+    }
+    PyErr_Clear();
+    return PyObject_GetAttr(((SendMethod *)self)->slow, name);
+}
+
+static PyObject *
+send_get_doc(SendMethod *self, void *closure)
+{
+    return PyObject_GetAttrString(self->slow, "__doc__");
+}
+
+static PyObject *
+send_get_wrapped(SendMethod *self, void *closure)
+{
+    return Py_NewRef(self->slow);
+}
+
+static PyGetSetDef send_getset[] = {
+    {"__doc__", (getter)send_get_doc, NULL, NULL, NULL},
+    {"__wrapped__", (getter)send_get_wrapped, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject SendMethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmprod._speedups.SendMethod",
+    .tp_basicsize = sizeof(SendMethod),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = send_new,
+    .tp_dealloc = (destructor)send_dealloc,
+    .tp_traverse = (traverseproc)send_traverse,
+    .tp_clear = (inquiry)send_clear,
+    .tp_vectorcall_offset = offsetof(SendMethod, vectorcall),
+    .tp_call = send_tp_call,
+    .tp_descr_get = send_descr_get,
+    .tp_getattro = send_getattro,
+    .tp_getset = send_getset,
 };
 
 /* ------------------------------------------------------------------------------------ */
@@ -1295,7 +1477,19 @@ PyMODINIT_FUNC
 PyInit__speedups(void)
 {
     if (PyType_Ready(&StageCoreType) < 0 || PyType_Ready(&FutureCoreType) < 0 ||
-        PyType_Ready(&StagerType) < 0) {
+        PyType_Ready(&StagerType) < 0 || PyType_Ready(&SendMethodType) < 0) {
+        return NULL;
+    }
+    static const char *names[6] = {"topic", "value", "key", "headers", "partition",
+                                   "timestamp_ms"};
+    for (int i = 0; i < 6; i++) {
+        send_names[i] = PyUnicode_InternFromString(names[i]);
+        if (send_names[i] == NULL) {
+            return NULL;
+        }
+    }
+    str_fast = PyUnicode_InternFromString("_fast");
+    if (str_fast == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&speedups_module);
@@ -1304,7 +1498,8 @@ PyInit__speedups(void)
     }
     if (PyModule_AddObjectRef(m, "StageCore", (PyObject *)&StageCoreType) < 0 ||
         PyModule_AddObjectRef(m, "FutureCore", (PyObject *)&FutureCoreType) < 0 ||
-        PyModule_AddObjectRef(m, "Stager", (PyObject *)&StagerType) < 0) {
+        PyModule_AddObjectRef(m, "Stager", (PyObject *)&StagerType) < 0 ||
+        PyModule_AddObjectRef(m, "SendMethod", (PyObject *)&SendMethodType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -11,9 +11,13 @@ do the same in Python. The tests run both and compare them.
 * :class:`FutureCore`: a record future's stage and row;
   :class:`shmprod.futures.RecordFuture` subclasses it.
 * :class:`Stager`: the common case of ``Worker.send`` (bytes or None key and value, no
-  headers, no explicit partition, the topic's one stage has room): stages the row under
-  the Worker's state lock and returns its future; None when nothing was staged and the
-  Python path must handle the record.
+  headers, no explicit partition, the topic's one stage has room): stages the row and
+  returns its future; None when nothing was staged and the Python path must handle the
+  record.
+* :data:`SendMethod`: ``Worker.send`` as a method descriptor in C: when the Worker's
+  ``_fast`` is its :class:`Stager` (open, no serializers) and the stager stages the row,
+  no Python frame runs for the call; otherwise the Python method it wraps runs with the
+  same arguments. C only (None without the extension: ``send`` is the Python method).
 * :func:`plan_batches`, :func:`encode_records`, :func:`staged_lengths`: rows without
   per-row headers (a stage's lists, or ``send_batch``'s Arrow arrays, or the chunks of
   the ``send_batch`` calls held together) cut into batches and each record written
@@ -22,7 +26,8 @@ do the same in Python. The tests run both and compare them.
   without them the vectorised Arrow path (:mod:`shmprod.protocol.vectorized`) encodes
   the same bytes.
 
-Runs in: worker. ``Stager`` takes the Worker's state lock.
+Runs in: worker. ``Stager`` takes the Worker's state lock when another thread holds it
+(see ``_speedups.c``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "ACCELERATED",
     "FutureCore",
+    "SendMethod",
     "StageCore",
     "Stager",
     "append_row",
@@ -204,6 +210,8 @@ plan_batches: Callable[..., list[tuple[int, int, int, int, int]]] | None = (
 )
 #: encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset) -> end
 encode_records: Callable[..., int] | None = None if _C is None else _C.encode_records
+#: SendMethod(slow): Worker.send without a Python frame in the common case (C only)
+SendMethod: Callable[[Callable[..., Any]], Any] | None = None if _C is None else _C.SendMethod
 #: staged_lengths(values, keys, out): key + value bytes of each row into an int64 buffer
 staged_lengths: Callable[..., None] | None = None if _C is None else _C.staged_lengths
 #: murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: null

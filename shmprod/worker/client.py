@@ -35,9 +35,9 @@ import time
 import weakref
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from shmprod import ipc
+from shmprod import ipc, speedups
 from shmprod import layout as L
 from shmprod.errors import (
     FlushTimeoutError,
@@ -97,6 +97,7 @@ def _mark_forked() -> None:
     single-threaded, right after ``fork``."""
     for w in list(_LIVE):
         w._state = FORKED
+        w._fast = None  # send() goes through Python, which refuses
         for name in ("_sock", "_wake_r", "_wake_w"):
             sock = getattr(w, name, None)
             if sock is not None:
@@ -348,6 +349,12 @@ class Worker(WorkerCore):
                 self._send_errors += 1
             raise
 
+    # With the extension, ``send`` is a C method descriptor around the method above: it
+    # stages the common case without a Python frame (``_fast``; shmprod.speedups) and
+    # calls the method for everything else.
+    if not TYPE_CHECKING and speedups.SendMethod is not None:
+        send = speedups.SendMethod(send)
+
     def _stage_record(
         self,
         topic: str,
@@ -504,6 +511,7 @@ class Worker(WorkerCore):
             if self._state != OPEN:
                 return
             self._state = CLOSING
+            self._fast = None  # send() goes through Python, which refuses
         if threading.current_thread() is not self._thread:
             try:
                 self.flush(timeout)
@@ -518,6 +526,7 @@ class Worker(WorkerCore):
                 self._flush_stages()
         with self._lock:
             self._state = CLOSED
+            self._fast = None
             self._stop = True
             if self._fatal is None:
                 with contextlib.suppress(SenderDiedError):

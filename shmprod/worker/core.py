@@ -152,6 +152,9 @@ class WorkerCore:
         self._stages: dict[str, list[AnyStage]] = {}
         # send()'s common case (shmprod.speedups); serializers take the Python path
         self._stager: Stager | None = None
+        # what send()'s C method stages with: the stager while open, else None
+        # (shmprod.speedups.SendMethod); every way out of OPEN sets it to None
+        self._fast: Stager | None = None
         if self._key_ser is None and self._value_ser is None:
             self._stager = Stager(
                 self._stages,
@@ -207,6 +210,7 @@ class WorkerCore:
         for _, off in shmstats.WORKER_FIELDS:
             L.U64.pack_into(self._view, base + off, 0)
         self._state = OPEN
+        self._fast = self._stager
         with self._lock, contextlib.suppress(ShmprodError):
             self._replenish_locked()  # the first lease, before the first flush needs it
         self._thread = threading.Thread(
@@ -681,6 +685,7 @@ class WorkerCore:
         all."""
         if self._fatal is None:
             self._fatal = self._cause(message)
+            self._fast = None  # send() goes through Python, which refuses
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._cond.notify_all()
@@ -748,6 +753,7 @@ class WorkerCore:
                 self._lock.acquire()
         if self._eof and self._fatal is None:
             self._fatal = self._cause(self._eof_message)
+            self._fast = None  # send() goes through Python, which refuses
         keep: list[ipc.Message] = []
         for m in self._deferred:
             if type(m) is ipc.Done or type(m) is ipc.DoneSplit:
@@ -755,6 +761,7 @@ class WorkerCore:
             elif isinstance(m, ipc.Fatal):
                 if self._fatal is None:
                     self._fatal = (m.error, m.message or "the producer failed or closed")
+                    self._fast = None  # send() goes through Python, which refuses
                 keep.append(m)
             else:
                 self._apply_locked(m)
@@ -875,6 +882,7 @@ class WorkerCore:
         with self._lock:
             if self._fatal is None:
                 self._fatal = (code, message)
+                self._fast = None  # send() goes through Python, which refuses
             code, message = self._fatal
             stages = self._take_stages_locked(None)
             outcomes = list(self._inflight.values())

@@ -364,3 +364,71 @@ def test_cycles_through_stages_and_futures_are_collected(kind: Any) -> None:
     state["stages"].clear()
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.skipif(C is None, reason="the C extension is not in use")
+def test_send_method_stages_the_common_case_and_hands_the_rest_to_python() -> None:
+    """``Worker.send`` in C: with ``_fast`` a stager, positional and keyword calls stage
+    without the Python method; anything else (``_fast`` None, a stage without room,
+    other spellings, bad arguments) calls the Python method with the same arguments."""
+    calls: list[tuple[Any, ...]] = []
+
+    def slow(
+        self: Any,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Any = None,
+        partition: Any = None,
+        timestamp_ms: Any = None,
+    ) -> str:
+        """The Python method."""
+        calls.append((topic, value, key, headers, partition, timestamp_ms))
+        return "slow"
+
+    stager, state = _make(KINDS[-1], [(True, 10_000, 0)])
+
+    class W:
+        send = C.SendMethod(slow)
+
+        def __init__(self) -> None:
+            self._fast = stager
+
+    w = W()
+    stage = state["stages"]["t"][0]
+    assert w.send("t", b"v1", key=b"k1")._row == 0
+    assert w.send("t", b"v2", b"k2", None, None, 7)._row == 1
+    assert w.send("t", value=b"v3", timestamp_ms=8)._row == 2
+    send = w.send  # a bound method
+    assert send("t", b"v4")._row == 3
+    assert W.send(w, "t", b"v5")._row == 4
+    assert calls == []
+    assert stage.values == [b"v1", b"v2", b"v3", b"v4", b"v5"]
+    assert stage.keys == [b"k1", b"k2", None, None, None]
+    assert stage.timestamps[1:3] == [7, 8]
+    # not the common case, or not open: the Python method, same arguments
+    assert w.send("t", b"x", partition=0) == "slow"
+    assert w.send("u", b"x") == "slow"  # no stage
+    assert w.send(topic="t", value=b"x") == "slow"
+    name = "".join(["ke", "y"])  # built at run time: not the interned "key"
+    assert w.send("t", b"x", **{name: b"k"}) == "slow"
+    w._fast = None  # type: ignore[assignment]
+    assert w.send("t", b"y") == "slow"
+    assert calls == [
+        ("t", b"x", None, None, 0, None),
+        ("u", b"x", None, None, None, None),
+        ("t", b"x", None, None, None, None),
+        ("t", b"x", b"k", None, None, None),
+        ("t", b"y", None, None, None, None),
+    ]
+    assert stage.n == 5
+    with pytest.raises(TypeError):
+        w.send()  # Python's own message
+    with pytest.raises(TypeError):
+        w.send("t", b"v", value=b"twice")
+    with pytest.raises(TypeError):
+        w.send("t", b"v", colour=b"red")
+    assert W.send.__doc__ == "The Python method." and W.send.__wrapped__ is slow
+    assert W.send.__name__ == "slow"
+    with pytest.raises(TypeError):
+        C.SendMethod(42)

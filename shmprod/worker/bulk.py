@@ -52,7 +52,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -91,7 +91,7 @@ from shmprod.worker.port import AppendPort, Written
 from shmprod.worker.staging import I64, Columns, HeldCalls, Stage
 from shmprod.worker.topics import TopicEntry, validate_topic
 
-__all__ = ["Columns", "flush_stage", "prepare_columns", "send_batch"]
+__all__ = ["Columns", "flush_stage", "flush_stages", "prepare_columns", "send_batch"]
 
 I32 = npt.NDArray[np.int32]
 
@@ -489,14 +489,9 @@ def send_batch(
     created = time.monotonic_ns()
     port.begin_flush(True)
     try:
-        with port.lock:
-            staged = port.take_stages_locked([topic])
-        for i, stage in enumerate(staged):
-            try:
-                flush_stage(port, stage, keep_when_full=True)
-            except BufferExhaustedError:  # the pool is full: the stage waits, this raises
-                port.restore_stages(staged[i:])
-                raise
+        # what this process staged or held for the topic goes first; a full pool: it
+        # waits, this raises
+        flush_stages(port, [topic], keep_when_full=True)
         future = held.hold(port, topic, cols) if holdable else None
         if future is not None:
             return future
@@ -660,6 +655,22 @@ def _stage_columns(stage: Stage, rows: KeyRows) -> Columns:
         rows.header_bytes,
         rows.row_bytes,
     )
+
+
+def flush_stages(port: AppendPort, topics: Sequence[str] | None, *, keep_when_full: bool) -> None:
+    """Takes the stages and held calls of ``topics`` (None: all) and flushes them in
+    order (:func:`flush_stage`). With ``keep_when_full``, when the pool has no buffers
+    for one within max_block_ms, it and the ones after it go back, first in line, and
+    BufferExhaustedError is raised. Runs in: worker, holding the flush turn, state lock
+    NOT held."""
+    with port.lock:
+        stages = port.take_stages_locked(topics)
+    for i, stage in enumerate(stages):
+        try:
+            flush_stage(port, stage, keep_when_full=keep_when_full)
+        except BufferExhaustedError:
+            port.restore_stages(stages[i:])
+            raise
 
 
 def flush_stage(

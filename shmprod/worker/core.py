@@ -378,15 +378,7 @@ class WorkerCore:
         if not self._begin_flush(block):
             return False
         try:
-            with self._lock:
-                stages = self._take_stages_locked(topics)
-            port = self._port()
-            for i, stage in enumerate(stages):
-                try:
-                    bulk.flush_stage(port, stage, keep_when_full=keep_when_full)
-                except BufferExhaustedError:
-                    self._restore_stages(stages[i:])
-                    raise
+            bulk.flush_stages(self._port(), topics, keep_when_full=keep_when_full)
         finally:
             self._end_flush()
         return True

@@ -24,6 +24,10 @@
  * by partition into batches and write each record straight into a pool buffer, from a
  * stage's lists or from Arrow buffers; staged_lengths sizes a stage's rows.
  *
+ * One function for the sender, with a twin in shmprod/protocol/crc.py: crc32c_patch
+ * gives a batch's CRC after its producer state is rewritten, without reading the batch
+ * again.
+ *
  * Runs in: worker (the thread that calls send(), or the one flushing). Holds the GIL
  * throughout; the lock is the Worker's state lock, taken and released through its own
  * methods.
@@ -1448,6 +1452,74 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* CRC-32C of a batch whose producer state was rewritten (shmprod.protocol.crc)         */
+/* ------------------------------------------------------------------------------------ */
+
+/* The CRC is affine over GF(2): for two messages of one length, crc(A) ^ crc(B) is the
+ * register (started at 0, no final xor) after the bytes A ^ B. When only a few bytes
+ * change, that is the register after the changed bytes (zeros before them leave a zero
+ * register as it is), carried through the `tail` unchanged bytes after them: a product
+ * with x^(8*tail) modulo the polynomial, in O(log tail) without reading the tail. */
+
+#define CRC32C_POLY 0x82F63B78u /* reflected Castagnoli polynomial */
+
+static uint32_t
+gf2_mulmod(uint32_t a, uint32_t b)
+{
+    /* a * b modulo the polynomial, reflected: bit 31 is x^0 */
+    uint32_t product = 0;
+    for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+        if (a & m) {
+            product ^= b;
+        }
+        b = (b & 1u) ? (b >> 1) ^ CRC32C_POLY : b >> 1;
+    }
+    return product;
+}
+
+static uint32_t
+crc32c_zeros(uint32_t reg, unsigned long long nbytes)
+{
+    /* the register after nbytes zero bytes: reg * x^(8*nbytes) */
+    uint32_t power = 1u << 23; /* x^8: one zero byte */
+    uint32_t factor = 1u << 31; /* x^0 */
+    while (nbytes) {
+        if (nbytes & 1u) {
+            factor = gf2_mulmod(factor, power);
+        }
+        nbytes >>= 1;
+        power = gf2_mulmod(power, power);
+    }
+    return gf2_mulmod(factor, reg);
+}
+
+static PyObject *
+crc32c_patch(PyObject *mod, PyObject *args)
+{
+    unsigned long crc;
+    Py_buffer delta;
+    unsigned long long tail;
+    if (!PyArg_ParseTuple(args, "ky*K", &crc, &delta, &tail)) {
+        return NULL;
+    }
+    if (crc > 0xFFFFFFFFul) {
+        PyBuffer_Release(&delta);
+        PyErr_SetString(PyExc_ValueError, "crc must fit in 32 bits");
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)delta.buf;
+    uint32_t reg = 0;
+    for (Py_ssize_t i = 0; i < delta.len; i++) {
+        reg ^= p[i];
+        for (int k = 0; k < 8; k++) {
+            reg = (reg & 1u) ? (reg >> 1) ^ CRC32C_POLY : reg >> 1;
+        }
+    }
+    PyBuffer_Release(&delta);
+    return PyLong_FromUnsignedLong((unsigned long)((uint32_t)crc ^ crc32c_zeros(reg, tail)));
+}
+
 static PyMethodDef speedups_methods[] = {
     {"staged_lengths", staged_lengths, METH_VARARGS,
      "staged_lengths(values, keys, out): key + value bytes per staged row into out."},
@@ -1457,6 +1529,9 @@ static PyMethodDef speedups_methods[] = {
     {"murmur2_partitions", murmur2_partitions, METH_VARARGS,
      "murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: "
      "null) into an int32 buffer."},
+    {"crc32c_patch", crc32c_patch, METH_VARARGS,
+     "crc32c_patch(crc, delta, tail) -> the CRC-32C after xoring delta into the covered "
+     "bytes that are followed by tail unchanged bytes."},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(values, keys, timestamps, order, lo, hi, base_ts, out, offset[, "
      "headers]) -> end."},

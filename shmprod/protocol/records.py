@@ -40,6 +40,7 @@ import crc32c
 
 from shmprod.errors import CompressionError, DecodeError, EncodeError
 from shmprod.protocol import compression as _codecs
+from shmprod.protocol import crc as _crc
 from shmprod.protocol.compression import DEFAULT_MAX_DECOMPRESSED, NONE
 from shmprod.protocol.primitives import INT32_MAX, Reader, encode_uvarint
 from shmprod.protocol.values import as_bytes
@@ -741,7 +742,9 @@ def patch_producer_state(
 ) -> None:
     """Rewrites producerId/epoch/baseSequence of an encoded batch in place, then its CRC.
 
-    The sender assigns sequences at drain time; this is the only rewrite it needs.
+    The sender assigns sequences at drain time; this is the only rewrite it needs. The
+    CRC is updated from the changed bytes alone (:mod:`shmprod.protocol.crc`): the batch
+    is not read again, and a batch whose CRC did not match its bytes still does not.
     Raises DecodeError if ``buf[offset:]`` is not a framed v2 batch, EncodeError if a
     value is out of range. Runs in: sender.
     """
@@ -750,22 +753,29 @@ def patch_producer_state(
         raise EncodeError("cannot patch a read-only buffer")
     end = _framed_end(mv, offset)
     try:
-        _PRODUCER_STATE.pack_into(
-            mv, offset + PRODUCER_ID, producer_id, producer_epoch, base_sequence
-        )
+        new = _PRODUCER_STATE.pack(producer_id, producer_epoch, base_sequence)
     except (struct.error, TypeError) as exc:
         raise EncodeError(f"producer state out of range: {exc}") from None
-    _CRC.pack_into(mv, offset + CRC, batch_crc(mv, offset, end))
+    at = offset + PRODUCER_ID
+    stop = at + _PRODUCER_STATE.size
+    old = int.from_bytes(mv[at:stop], "big")
+    delta = (old ^ int.from_bytes(new, "big")).to_bytes(_PRODUCER_STATE.size, "big")
+    (crc,) = _CRC.unpack_from(mv, offset + CRC)
+    mv[at:stop] = new
+    _CRC.pack_into(mv, offset + CRC, _crc.patched(crc, delta, end - stop))
 
 
-def validate_batch(buf: Bytes, offset: int, length: int, *, strict: bool = True) -> BatchHeader:
+def validate_batch(
+    buf: Bytes, offset: int, length: int, *, strict: bool = True, check_crc: bool = True
+) -> BatchHeader:
     """Checks the framing and CRC of the batch at ``buf[offset:offset+length]``.
 
     Does not decode records: the sender runs it on bytes read back from shared memory.
     Checks batchLength == length - 12, magic 2, the CRC, a known codec, recordCount >= 0,
     lastOffsetDelta, and that an uncompressed records section can hold recordCount
     records. ``strict`` (producer batches) also requires recordCount >= 1 and
-    lastOffsetDelta == recordCount - 1; non-strict allows compacted batches.
+    lastOffsetDelta == recordCount - 1; non-strict allows compacted batches. Without
+    ``check_crc`` only the header is read (the CRC is checked later, before the send).
     Returns the header; raises :class:`DecodeError` on any mismatch. Runs in: sender.
     """
     mv = _byte_view(buf)
@@ -778,7 +788,7 @@ def validate_batch(buf: Bytes, offset: int, length: int, *, strict: bool = True)
         raise DecodeError(f"batchLength {hdr.batch_length} != {length - LOG_OVERHEAD}")
     if hdr.magic != CURRENT_MAGIC:
         raise DecodeError(f"unsupported magic {hdr.magic}")
-    crc = batch_crc(mv, offset, offset + length)
+    crc = batch_crc(mv, offset, offset + length) if check_crc else hdr.crc
     if crc != hdr.crc:
         raise DecodeError(f"CRC mismatch: header says {hdr.crc:#010x}, bytes give {crc:#010x}")
     _check_counts(hdr, length - HEADER_SIZE, strict)

@@ -311,12 +311,14 @@ class Completions:
         )
 
     def still_intact(self, batch: Batch) -> bool:
-        """Whether a queued batch's shared-memory bytes are still the ones validated when
-        it was sealed: framing, CRC and record count, checked again right before each
-        send, because patching the producer state recomputes the CRC over whatever the
-        buffer holds. A batch something scribbled over fails alone (CorruptBatchError);
-        if it carried a sequence, that sequence is now a gap (reset). A scribble landing
-        while the request is being written cannot be seen without a copy."""
+        """Whether a queued batch's shared-memory bytes match the CRC its worker wrote:
+        framing, CRC and record count, checked right before each send (the check at
+        sealing reads the header only, so this is the one pass over the bytes). Patching
+        the producer state then updates the CRC from the changed fields alone, so it
+        never blesses other bytes. A batch written wrong, or scribbled over after sealing,
+        fails alone (CorruptBatchError); if it carried a sequence, that sequence is now a
+        gap (reset). A scribble landing while the request is being written cannot be seen
+        without a copy."""
         if batch.data is not None:
             return True  # a piece of a split batch: the sender's own memory
         try:
@@ -324,11 +326,13 @@ class Completions:
             if hdr.record_count != batch.record_count:
                 raise ProtocolError(f"record count {hdr.record_count} != {batch.record_count}")
         except ProtocolError as exc:
-            log.warning("a queued batch changed in shared memory: %s", exc)
+            log.warning("a queued batch does not match its CRC in shared memory: %s", exc)
             if batch.sequence != NO_SEQUENCE and self.identity.is_current(batch):
                 self.identity.request_reset()
             self.finish(
-                batch, CorruptBatchError.code, message=f"batch changed after sealing: {exc}"
+                batch,
+                CorruptBatchError.code,
+                message=f"batch written wrong or changed after sealing: {exc}",
             )
             return False
         return True

@@ -50,15 +50,24 @@ def check_space(size: int, path: str = SHM_DIR) -> None:
         )
 
 
+# Every page is mapped when the segment is (Linux: MAP_POPULATE). The owner reserves and
+# touches every page at creation, so this costs no memory, only page-table entries: about
+# 5 ms for 64 MiB at attach, where faulting them in one 4 KiB page at a time as buffers
+# come round cost each worker about 7,200 minor faults per 40 MB it sent (measured with
+# 8 processes sending 1 KB records: 0.3 us of worker CPU per record).
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
 class Segment:
-    """One mapped shared-memory segment. ``view`` is a writable memoryview over it."""
+    """One mapped shared-memory segment. ``view`` is a writable memoryview over it, with
+    every page mapped from the start where the platform can (``_MAP_FLAGS``)."""
 
     def __init__(self, name: str, fd: int, size: int, *, owner: bool) -> None:
         self.name = name
         self.size = size
         self.owner = owner
         try:
-            self._mmap = mmap.mmap(fd, size)
+            self._mmap = mmap.mmap(fd, size, flags=_MAP_FLAGS)
         finally:
             os.close(fd)
         self.view = memoryview(self._mmap)

@@ -64,6 +64,16 @@ def pss_bytes(pid: int | None = None) -> int:
         return 0
 
 
+def mapping_pss_bytes(pid: int, path_part: str) -> int:
+    """The PSS of a process's mappings whose path contains ``path_part``: its share of
+    a shared-memory segment it maps (the producer's pool, in the process that made it)."""
+    try:
+        maps = psutil.Process(pid).memory_maps(grouped=True)
+    except (psutil.Error, AttributeError):
+        return 0
+    return sum(int(m.pss) for m in maps if path_part in m.path)
+
+
 # ---------------------------------------------------------------------------------
 # the kinds
 # ---------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ sends its share of the cell's records to a 12-partition topic on a FRESH embedde
 
 Per run: records/s and MB/s (from the first worker's start to the last acknowledgement),
 CPU seconds per GB of keys and values (workers and sender, every thread), peak memory
-(PSS, so the shared pool counts once) of workers and sender, and connections opened to
+(PSS, so the shared pool counts once) of workers and sender, plus the pool's share held
+by the process that made the producer (so the pool counts whole), and connections opened to
 the broker. Every run reads the topic back with confluent-kafka's consumer and fails
 unless it holds exactly the records sent. Each worker stops at its share or after
 ``--max-seconds`` (the slow clients would otherwise take minutes); the rate counts what
@@ -79,6 +80,9 @@ class Watch:
         self.port = port
         self.interval = interval
         self.pids: set[int] = set()
+        # (pid, segment name): the pool's share held by a process not otherwise counted
+        # (the one that made the producer), so the pool counts whole
+        self.segment_holders: list[tuple[int, str]] = []
         self.peak = 0
         self.ports: set[int] = set()
         self._stop = threading.Event()
@@ -95,6 +99,7 @@ class Watch:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             total = sum(_peers.pss_bytes(pid) for pid in list(self.pids))
+            total += sum(_peers.mapping_pss_bytes(pid, seg) for pid, seg in self.segment_holders)
             self.peak = max(self.peak, total)
             try:
                 conns = psutil.net_connections(kind="tcp4")
@@ -201,6 +206,8 @@ def measure(
                 watch.pids.update(p.pid for p in workers if p.pid)
                 if sender_pid:
                     watch.pids.add(sender_pid)
+                if producer is not None:
+                    watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 s0 = _cpu(sender_pid)
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
@@ -629,7 +636,8 @@ def _markdown(
             "Columns: records/s; vs confluent = ratio to `confluent-kafka produce` with the same "
             "processes; of ceiling = fraction of pre-encoded requests replayed over one socket; "
             "CPU s/GB of keys+values (workers + sender, all threads); peak MB = PSS of workers + "
-            "sender (the data the workers hold included), producer MB = above the workers' "
+            "sender (the data the workers hold included) + the pool's share in the process that "
+            "made the producer (the whole pool counts), producer MB = above the workers' "
             "footprint before they built their producer; conn = TCP connections to the broker.\n\n"
         )
         for cell in cells:
@@ -716,7 +724,8 @@ def _summary(
         )
     out += [
         "",
-        f"CPU s per GB and peak memory (MB, PSS of workers + sender; producer MB: above the "
+        f"CPU s per GB and peak memory (MB, PSS of workers + sender + the whole pool; producer "
+        f"MB: above the "
         f"workers' footprint before they built their producer) with {top} processes, "
         "`shmprod send` / `shmprod send_batch` / `confluent-kafka produce`:\n",
         "| cell | CPU s/GB | peak MB | producer MB |",

@@ -638,7 +638,8 @@ def _markdown(
             "CPU s/GB of keys+values (workers + sender, all threads); peak MB = PSS of workers + "
             "sender (the data the workers hold included) + the pool's share in the process that "
             "made the producer (the whole pool counts), producer MB = above the workers' "
-            "footprint before they built their producer; conn = TCP connections to the broker.\n\n"
+            "footprint once their producer was built, less their share of the pool (so the "
+            "pool, like the sender, counts whole); conn = TCP connections to the broker.\n\n"
         )
         for cell in cells:
             fh.write(f"## {cell}\n\n")
@@ -726,7 +727,8 @@ def _summary(
         "",
         f"CPU s per GB and peak memory (MB, PSS of workers + sender + the whole pool; producer "
         f"MB: above the "
-        f"workers' footprint before they built their producer) with {top} processes, "
+        f"workers' footprint once their producer was built, the pool and the sender counted "
+        f"whole) with {top} processes, "
         "`shmprod send` / `shmprod send_batch` / `confluent-kafka produce`:\n",
         "| cell | CPU s/GB | peak MB | producer MB |",
         "|---|---:|---:|---:|",

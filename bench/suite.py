@@ -97,9 +97,15 @@ class Watch:
         self._thread.join(5)
 
     def _run(self) -> None:
+        held: int | None = None  # the pool's share in segment_holders, read once a second
+        held_at = 0.0
         while not self._stop.wait(self.interval):
             total = sum(_peers.pss_bytes(pid) for pid in list(self.pids))
-            total += sum(_peers.mapping_pss_bytes(pid, seg) for pid, seg in self.segment_holders)
+            if self.segment_holders and (held is None or time.monotonic() >= held_at + 1.0):
+                # reading a process's mappings costs about 14 ms of CPU: once a second
+                held_at = time.monotonic()
+                held = sum(_peers.mapping_pss_bytes(pid, seg) for pid, seg in self.segment_holders)
+            total += held or 0
             self.peak = max(self.peak, total)
             try:
                 conns = psutil.net_connections(kind="tcp4")
@@ -206,11 +212,11 @@ def measure(
                 watch.pids.update(p.pid for p in workers if p.pid)
                 if sender_pid:
                     watch.pids.add(sender_pid)
-                if producer is not None:
-                    watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 s0 = _cpu(sender_pid)
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
+                if producer is not None:  # every worker has mapped the pool: shares settled
+                    watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 reports = [out.get(timeout=900) for _ in workers]
                 s1 = _cpu(sender_pid)
             for p in workers:

@@ -731,10 +731,9 @@ def _summary(
         )
     out += [
         "",
-        f"CPU s per GB and peak memory (MB, PSS of workers + sender + the whole pool; producer "
-        f"MB: above the "
-        f"workers' footprint once their producer was built, the pool and the sender counted "
-        f"whole) with {top} processes, "
+        "CPU s per GB and peak memory (MB, PSS of workers + sender + the whole pool; producer "
+        "MB: above the workers' footprint once their producer was built, the pool and the "
+        f"sender counted whole) with {top} processes, "
         "`shmprod send` / `shmprod send_batch` / `confluent-kafka produce`:\n",
         "| cell | CPU s/GB | peak MB | producer MB |",
         "|---|---:|---:|---:|",

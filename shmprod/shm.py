@@ -52,7 +52,7 @@ def check_space(size: int, path: str = SHM_DIR) -> None:
 
 # Every page is mapped when the segment is (Linux: MAP_POPULATE). The owner reserves and
 # touches every page at creation, so this costs no memory, only page-table entries: about
-# 5 ms for 64 MiB at attach, where faulting them in one 4 KiB page at a time as buffers
+# 5-10 ms for 64 MiB at attach, where faulting them in one 4 KiB page at a time as buffers
 # come round cost each worker about 7,200 minor faults per 40 MB it sent (measured with
 # 8 processes sending 1 KB records: 0.3 us of worker CPU per record).
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)

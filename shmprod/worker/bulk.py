@@ -371,7 +371,7 @@ class _Writer:
         with self.port.lock:
             try:
                 for run, count in sorted(runs.items()):
-                    got[run] = self.port.obtain_locked(run, count, self.deadline)
+                    got[run] = self.port.obtain_locked(run, count, self.deadline, False)
             except BaseException:
                 for run, firsts in got.items():
                     self.port.give_back_locked(firsts, run)
@@ -395,7 +395,7 @@ class _Writer:
         with self.port.lock:
             want = self.estimate if self.need is None else self.need[run]
             window = max(1, min(want, _MAX_WINDOW // run, self.port.geo.n_buffers // (8 * run)))
-            held = self.buffers[run] = self.port.obtain_locked(run, window, self.deadline)
+            held = self.buffers[run] = self.port.obtain_locked(run, window, self.deadline, True)
         return held.pop()
 
     def write(self, batch: V.EncodedBatch | DirectBatch, partition: int) -> None:

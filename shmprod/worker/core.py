@@ -83,7 +83,7 @@ IDLE_RELEASE_NS: Final = 200_000_000  # give spare buffers back after 200 ms wit
 # things to send, and its first topic lookup can take a while on a loaded machine
 # (measured: a stock given back 200 ms after attach, just before the first flush)
 FIRST_IDLE_RELEASE_NS: Final = 2_000_000_000
-INITIAL_LEASE: Final = 32  # buffers asked for ahead at attach (at most half a fair share)
+INITIAL_LEASE: Final = 32  # buffers asked for ahead at attach (at most a fair share)
 LEASE_FLUSHES: Final = 3  # the lease grows to cover this many of the largest flush seen
 LEASE_WAIT_S: Final = 0.5  # attach waits at most this long for its first lease
 FLUSH_WAIT_S: Final = 0.05  # a thread waiting for another's flush looks again this often
@@ -488,9 +488,14 @@ class WorkerCore:
     # buffers
     # ------------------------------------------------------------------------------
 
-    def _obtain_locked(self, run: int, count: int, deadline_ns: int) -> list[int]:
+    def _obtain_locked(self, run: int, count: int, deadline_ns: int, partial: bool) -> list[int]:
         """``count`` granted runs of ``run`` buffers (first buffer of each), from the stock
         or by ``Alloc``; waits at most until ``deadline_ns`` (BufferExhaustedError).
+        ``partial``: single buffers the stock holds are enough, fewer than ``count`` (the
+        caller asks again when it has used them; the refill may have come by then).
+        What the stock gives is asked for again at once, while the caller writes into it,
+        not after its flush. (Measured: a refill asked after one flush came, on a loaded
+        machine, just after the next flush had found the stock short.)
 
         Runs in: worker, state lock held; the lock is released while waiting.
         """
@@ -499,7 +504,10 @@ class WorkerCore:
             take = min(len(self._stock), count)
             got = self._stock[-take:]
             del self._stock[-take:]
-            if take == count:
+            if take == count or partial:
+                self._grow_lease(count)
+                with contextlib.suppress(ShmprodError):
+                    self._replenish_locked()
                 return got
         elif run > 1 and len(self._stock) >= run:
             got = self._stock_runs_locked(run, count)
@@ -612,8 +620,6 @@ class WorkerCore:
         if self._fatal is not None or self._state != OPEN:
             return
         target = min(self._stock_target, self._fair_share())
-        if self._stock_target == INITIAL_LEASE:  # before any flush: half a fair share
-            target = min(target, self._fair_share() // 2)
         excess = len(self._stock) - target
         if excess > 0:  # more than its share (late grants, fewer processes now): back
             back, self._stock = self._stock[:excess], self._stock[excess:]

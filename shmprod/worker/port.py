@@ -69,7 +69,7 @@ class AppendPort:
     # -- state lock held ------------------------------------------------------------------
     check_alive: Callable[[], None]  # raises once the producer failed or closed (any lock)
     topic_locked: Callable[[str], TopicEntry]  # may wait for the sender (lock released)
-    obtain_locked: Callable[[int, int, int], list[int]]  # (run, count, deadline_ns)
+    obtain_locked: Callable[[int, int, int, bool], list[int]]  # (run, count, deadline_ns, partial)
     give_back_locked: Callable[[list[int], int], None]  # (first buffers, run)
     hand_over_locked: Callable[[list[Written], int], None]  # (batches, created_ns)
     failed_locked: Callable[[int], None]  # records that failed before a hand-over

@@ -4,7 +4,8 @@
 ``shmprod.ipc`` in a background thread: it grants buffers (FIFO, runs first-fit),
 answers ``TopicRequest`` from a fixed table it writes into the TOPIC slots, and on
 ``Sealed`` validates and decodes the batch from shared memory, then answers ``Done``
-with made-up base offsets (a counter per partition). Tests can hold Done answers,
+with made-up base offsets (a counter per partition). Tests can hold Done answers or
+Grants (a busy sender),
 push a partition count change, send ``Fatal``, or "die" (close every socket).
 """
 
@@ -102,6 +103,7 @@ class FakeSender:
         self.topic_errors = dict(topic_errors or {})
         self.decode = decode
         self.hold_done = hold_done
+        self.hold_grants = False  # Alloc requests queue unanswered while set
         self.log_append_time = log_append_time
         self.done_error = done_error
         self.lock = threading.Lock()
@@ -170,6 +172,17 @@ class FakeSender:
 
     def release_held(self) -> None:
         self.call(self._release_held)
+
+    def release_grants(self) -> None:
+        """Stops holding Grants and answers the Alloc requests queued meanwhile."""
+
+        def serve() -> None:
+            self.hold_grants = False
+            self._serve()
+            for c in list(self.conns.values()):
+                self._flush_out(c)
+
+        self.call(serve)
 
     def set_partitions(self, topic: str, n: int) -> None:
         """A partition count change: new range, epoch bumped, TopicInfo pushed."""
@@ -371,7 +384,7 @@ class FakeSender:
         return None
 
     def _serve(self) -> None:
-        while self.waiting:
+        while self.waiting and not self.hold_grants:
             c, a = self.waiting[0]
             if c.sock.fileno() < 0:
                 self.waiting.popleft()

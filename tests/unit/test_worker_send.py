@@ -293,6 +293,80 @@ def test_a_flush_short_of_buffers_keeps_no_stock() -> None:
         w.flush(5)
 
 
+def test_a_late_refill_does_not_stall_the_next_flush() -> None:
+    """Two flushes of 14 buffers back to back while the sender answers no Alloc (a busy
+    sender): the second takes its buffers from the lease, without waiting."""
+    partitions = 14
+    with (
+        FakeSender(
+            topics={"events": partitions},
+            buffer_memory=256 * 4096,
+            batch_size=4096,
+            max_block_ms=10_000,
+            **SLOW_LINGER,
+        ) as fake,
+        attach(fake.handle) as w,
+    ):
+        assert w.stats()["worker"]["stock_buffers"] == 32  # the first lease, in at attach
+        fake.hold_grants = True
+        futs = []
+        for _ in range(2):
+            futs += [w.send("events", b"x" * 300, partition=p) for p in range(partitions)]
+            w.flush(5)
+        assert w.stats()["batching"]["buffer_waits"] == 0
+        assert w.stats()["worker"]["stock_buffers"] == 32 - 2 * partitions
+        fake.release_grants()
+        assert all(f.result(1).partition == i % partitions for i, f in enumerate(futs))
+        assert not fake.corrupt
+
+
+def test_a_flush_short_of_stock_writes_into_what_the_stock_holds_first() -> None:
+    """A flush of more batches than its stock holds (30 batches, 25 buffers in stock,
+    written a window at a time) writes and hands over 25 batches before it waits for the
+    sender, and only for the rest; the refill may come meanwhile."""
+    partitions = 30
+    with (
+        FakeSender(
+            topics={"events": partitions},
+            buffer_memory=100 * 4096,  # the first lease: a quarter of what is free, 25
+            batch_size=4096,
+            max_block_ms=10_000,
+            **SLOW_LINGER,
+        ) as fake,
+        attach(fake.handle) as w,
+    ):
+        assert w.stats()["worker"]["stock_buffers"] == 25
+        fake.hold_grants = True
+        futs = [w.send("events", b"y" * 300, partition=p) for p in range(partitions)]
+        flush = threading.Thread(target=w.flush, args=(5,))
+        flush.start()
+        assert fake.wait_for(lambda: len(fake.landed) >= 25)
+        time.sleep(0.05)  # nothing more lands while the sender answers no Alloc
+        assert len(fake.landed) == 25
+        fake.release_grants()
+        flush.join(5)
+        assert not flush.is_alive()
+        assert all(f.result(1).partition == i for i, f in enumerate(futs))
+        assert w.stats()["batching"]["buffer_waits"] == 1
+        assert not fake.corrupt
+
+
+def test_the_first_lease_is_a_fair_share() -> None:
+    """A process attaching beside three others asks at once for a whole fair share of the
+    pool (half of it over four processes: 25 of 200 buffers), not half of one. (Measured
+    in tests/broker/test_batching.py on a loaded machine: with half a fair share, 25
+    buffers for five processes in a 512-buffer pool, a first flush of 12-14 buffers left
+    too few for the second, and the refill came just after the second had asked.)"""
+    with FakeSender(buffer_memory=200 * 4096, batch_size=4096) as fake:
+        others = [attach(fake.handle) for _ in range(3)]
+        try:
+            with attach(fake.handle) as w:
+                assert w.stats()["worker"]["stock_buffers"] == 200 // (2 * 4)
+        finally:
+            for o in others:
+                o.close(5)
+
+
 def test_done_error_fails_the_records() -> None:
     with FakeSender(done_error=87) as fake, attach(fake.handle) as w:
         futs = [w.send("events", b"v", partition=0) for _ in range(3)]

@@ -32,13 +32,12 @@ Runs in: worker. ``Stager`` takes the Worker's state lock when another thread ho
 
 from __future__ import annotations
 
-import importlib
-import os
 import threading
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from shmprod.native import load_speedups
 
 __all__ = [
     "ACCELERATED",
@@ -180,16 +179,7 @@ def append_row(stage: Any, key: Any, value: Any, timestamp_ms: int, size: int) -
     return row
 
 
-def _load() -> ModuleType | None:
-    if os.environ.get("SHMPROD_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        return importlib.import_module("shmprod._speedups")
-    except ImportError:
-        return None
-
-
-_C = _load()
+_C = load_speedups()
 ACCELERATED: bool = _C is not None
 """True when the C extension is in use."""
 

@@ -17,9 +17,9 @@ bytes in, an int out. Runs in: sender.
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Callable
+
+from shmprod.native import load_speedups
 
 __all__ = ["patched", "patched_py"]
 
@@ -89,14 +89,8 @@ def patched_py(crc: int, delta: bytes, tail: int) -> int:
 
 
 def _load() -> Callable[[int, bytes, int], int] | None:
-    if os.environ.get("SHMPROD_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        fn: Callable[[int, bytes, int], int] = importlib.import_module(
-            "shmprod._speedups"
-        ).crc32c_patch
-    except (ImportError, AttributeError):
-        return None
+    module = load_speedups()
+    fn: Callable[[int, bytes, int], int] | None = getattr(module, "crc32c_patch", None)
     return fn
 
 

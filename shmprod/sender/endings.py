@@ -27,13 +27,12 @@ from shmprod.sender.metadata import Metadata
 from shmprod.sender.nodes import Nodes
 from shmprod.sender.pool import BufferPool
 from shmprod.sender.requests import FenceHandler
+from shmprod.sender.units import MS
 from shmprod.sender.workers import Workers
 
 __all__ = ["Endings"]
 
 log = logging.getLogger("shmprod.sender")
-
-MS = 1_000_000
 
 
 class Endings:

@@ -68,11 +68,11 @@ from shmprod.sender.producer_id import ProducerIdDriver
 from shmprod.sender.requests import ProduceHandler
 from shmprod.sender.resolver import Resolver
 from shmprod.sender.shmstate import SharedState
+from shmprod.sender.units import MS
 from shmprod.sender.workers import Workers
 
 log = logging.getLogger("shmprod.sender")
 
-MS = 1_000_000
 HOUSEKEEPING_NS = 50 * MS
 IDLE_WAIT_NS = 250 * MS
 MIN_BOOTSTRAP_WAIT_MS = 1_000

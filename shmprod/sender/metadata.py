@@ -55,8 +55,7 @@ from shmprod.protocol.messages import (
 )
 from shmprod.sender.policy import backoff_ns
 from shmprod.sender.shmstate import SharedState
-
-MS = 1_000_000
+from shmprod.sender.units import MS
 
 log = logging.getLogger("shmprod.sender")
 

@@ -79,11 +79,11 @@ from shmprod.protocol.messages import (
 )
 from shmprod.protocol.sasl_exchange import SaslCredentials, SaslExchange, SaslStep
 from shmprod.sender.resolver import Address
+from shmprod.sender.units import MS
 
 IOV_MAX = 1024
 RECV_SIZE = 1 << 20
 MAX_READS_PER_EVENT = 8
-MS = 1_000_000
 QUIET_IDS = 4096  # acks=0 requests remembered in case the broker answers them
 TLS_ENCRYPT_CHUNK = 256 * 1024
 

@@ -23,12 +23,12 @@ from shmprod.sender.metadata import Metadata
 from shmprod.sender.network import ConnectionLost, InFlight, NodeConnection
 from shmprod.sender.policy import backoff_ns
 from shmprod.sender.resolver import Resolver
+from shmprod.sender.units import MS
 
 __all__ = ["Handler", "Nodes", "handler_of"]
 
 log = logging.getLogger("shmprod.sender")
 
-MS = 1_000_000
 BOOTSTRAP_FALLBACK_FAILURES = 3  # consecutive failures of every known node
 CONN_LOG_EVERY_NS = 10_000 * MS  # connection failures are logged at most this often
 

@@ -14,8 +14,7 @@ from shmprod.errors import DeliveryTimeoutError
 from shmprod.protocol import error_codes as ec
 from shmprod.sender.batch import Batch
 from shmprod.sender.idempotence import ProducerIdentity
-
-MS = 1_000_000
+from shmprod.sender.units import MS
 
 
 class Action(Enum):

@@ -36,12 +36,12 @@ from shmprod.sender.lifecycle import Lifecycle, Phase
 from shmprod.sender.metadata import Metadata, TopicAnswer
 from shmprod.sender.pool import AllocResult, BufferPool
 from shmprod.sender.shmstate import SharedState
+from shmprod.sender.units import MS
 
 __all__ = ["Workers"]
 
 log = logging.getLogger("shmprod.sender")
 
-MS = 1_000_000
 HELLO_TIMEOUT_NS = 10_000 * MS  # a connection that sends no Hello within this is closed
 EXIT_FLUSH_NS = 1_000 * MS  # at the end, control messages get this long to go out
 MAX_ACCEPTS_PER_EVENT = 64

@@ -1,7 +1,8 @@
 """The shared-memory layout: the only module that knows where anything lives.
 
-One segment per producer, created (mode 0600, unguessable name) and unlinked by the
-owner; the sender unlinks it if the owner dies. Every region starts on a 64-byte cache
+One segment per producer, created (mode 0600, unguessable name) by the owner and
+unlinked by the sender as it exits after the owner's Shutdown or death (the owner
+unlinks it too, in case the sender could not). Every region starts on a 64-byte cache
 line (the buffer data on a page); every field is a named offset within its region.
 
 ::

@@ -56,7 +56,9 @@ Control-plane contract (what workers and the owner can rely on):
   and new Allocs and TopicRequests are refused with ProducerClosedError, queued and newly
   sealed batches are sent until nothing is queued or in flight or the timeout passes;
   the rest get ``Done(ProducerClosedError)``; then ``Fatal(ProducerClosedError)`` to
-  every attached connection, H_STATE=CLOSED, exit 0. The owner unlinks the segment.
+  every attached connection, H_STATE=CLOSED, the segment, socket file and its directory
+  removed (the owner's removal after it finds them gone: an owner killed after the
+  sender exited leaves nothing behind), exit 0.
 - The owner's connection ending without Shutdown, or the owner process gone (the
   sender's parent changed): ``Done(OwnerDiedError)`` for every batch,
   ``Fatal(OwnerDiedError)`` to everyone, the segment, socket file and its directory

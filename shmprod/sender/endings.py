@@ -164,7 +164,9 @@ class Endings:
         batch queued or in flight completes with ``code`` (``batch_message``, default
         ``message``); during bootstrap the owner's pending ``Producer()`` gets
         ``Ready(code, message)``; every worker gets ``Fatal(code, message)``; the files
-        go when the owner is gone; the loop then ends with ``exit_status``."""
+        go when the owner is gone or closed the producer (so an owner killed once its
+        sender exited leaves none behind: measured, a host producer's daemon killed
+        while it closed); the loop then ends with ``exit_status``."""
         bootstrapping = self.life.phase is Phase.BOOTSTRAP
         closed = exit_status == lifecycle.EXIT_OK
         self.life.to_ended(L.STATE_CLOSED if closed else L.STATE_FAILED, code, exit_status)
@@ -174,7 +176,7 @@ class Endings:
         ready = ipc.Ready(code, message) if bootstrapping else None
         self.workers.post_all(ipc.Fatal(code, message), ready=ready)
         self.workers.flush_bounded()
-        if self.owner_gone:
+        if self.owner_gone or closed:
             lifecycle.remove_producer_files(self.spec.segment, self.spec.socket_path)
 
     def _abort_all(self, code: int, message: str) -> None:

@@ -114,7 +114,8 @@ def owner_watch(owner_pid: int, owner_start_us: int) -> Callable[[], bool]:
 
 def remove_producer_files(segment: str, socket_path: str) -> None:
     """Unlinks the segment, the control socket file and its private directory (only if
-    empty: nothing else is ever removed). Runs in: sender, when the owner died."""
+    empty: nothing else is ever removed). Runs in: sender, when the owner died or
+    after its Shutdown (the owner's own removal then finds them gone)."""
     shm.unlink(segment)
     with contextlib.suppress(OSError):
         os.unlink(socket_path)

@@ -77,6 +77,24 @@ def test_close_leaves_nothing_behind(broker: EmbeddedBroker) -> None:
         p.send("life-close", b"late")
 
 
+def test_the_sender_removes_the_files_as_it_exits_after_shutdown(broker: EmbeddedBroker) -> None:
+    """Between the sender's exit and the owner's own unlink, an owner killed (a host
+    producer's daemon killed while it closed) must leave nothing behind: the sender
+    removes the segment, the socket and its directory itself before it exits. Here the
+    owner's close is cut after the sender exited; the files are already gone."""
+    broker.create_topic("life-cut", 1)
+    p = Producer(bootstrap_servers=broker.bootstrap)
+    segment, sock = p.handle.segment, p.handle.socket_path
+    p.send("life-cut", b"x").result(timeout=30)
+    p._workers[os.getpid()].shutdown_producer(10_000)  # what close() does, up to here
+    assert p._proc.wait(30) == 0
+    assert not os.path.exists(f"/dev/shm/{segment}")
+    assert not os.path.exists(os.path.dirname(sock))
+    p.close()  # the owner's removal finds them gone
+    with pytest.raises(ProducerClosedError):
+        p.send("life-cut", b"late")
+
+
 OWNER_SCRIPT = textwrap.dedent(
     """
     import pickle, sys, time
@@ -290,7 +308,7 @@ def test_attach_elsewhere_names_the_host(broker: EmbeddedBroker) -> None:
     with Producer(bootstrap_servers=broker.bootstrap) as p:
         assert p.handle.host == socket.gethostname()
         gone = dataclasses.replace(p.handle, segment="shmprod-not-on-this-host")
-        with pytest.raises(ProducerClosedError, match="removed its shared memory"):
+        with pytest.raises(ProducerClosedError, match="its shared memory was removed"):
             attach(gone)  # same host, owner alive: the producer was closed
         elsewhere = dataclasses.replace(gone, host="another-host")
         with pytest.raises(ProducerHostError, match=r"'another-host'.*host-local"):

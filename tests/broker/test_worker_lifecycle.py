@@ -40,7 +40,7 @@ def test_attach_errors(fake: FakeSender) -> None:
         attach(dataclasses.replace(fake.handle, secret=b"\0" * 16))
     with pytest.raises(ProducerClosedError):
         attach(dataclasses.replace(fake.handle, socket_path=fake.path + ".gone"))
-    with pytest.raises(ProducerClosedError, match="removed its shared memory"):
+    with pytest.raises(ProducerClosedError, match="its shared memory was removed"):
         attach(dataclasses.replace(fake.handle, segment="shmprod-does-not-exist"))
 
 

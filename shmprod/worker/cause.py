@@ -88,8 +88,7 @@ def cause_without_segment(owner_pid: int) -> ShmprodError:
     """The error for a producer whose segment is gone (it is removed at close)."""
     if alive(owner_pid):
         return ProducerClosedError(
-            f"the producer is closed (its owner is pid {owner_pid}): its shared memory was "
-            "removed"
+            f"the producer is closed (its owner is pid {owner_pid}): its shared memory was removed"
         )
     return OwnerDiedError(
         f"the process that created the producer (pid {owner_pid}) is gone, and its shared "

@@ -18,7 +18,9 @@ Everything the source says about itself is checked before anything is sent: ever
 file opens, the named columns exist with usable types. Each job waits for its
 acknowledgements; the report counts acknowledged records and keeps the first errors.
 ``check=True`` (the default) raises :class:`ExportError` (carrying the report) when any
-record failed: a failed export never passes silently.
+record failed: a failed export never passes silently. A pool process that dies (killed,
+out of memory) stops the export with :class:`ExportError` at once; the jobs that had
+not finished may have been sent in part.
 
 Runs in: the caller (:func:`export`: the producer, the pool, progress) and the pool
 processes (:func:`_run_job`).
@@ -27,19 +29,22 @@ processes (:func:`_run_job`).
 from __future__ import annotations
 
 import glob
+import itertools
 import multiprocessing as mp
 import os
 import sys
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
 import numpy as np
 import pyarrow as pa
 
-from shmprod.errors import ConfigError, ShmprodError
+from shmprod.errors import ConfigError, ProducerError, ShmprodError
 from shmprod.pool import current, pool_initializer
 from shmprod.tables import binary_column, epoch_ms_column, header_rows, json_column
 
@@ -216,9 +221,13 @@ HANDLE_WAIT_S: Final = 300.0
 
 
 def _attach_from(handles: Any) -> None:
-    """The pool's initializer: waits for the producer's handle, then attaches. Runs in:
-    a pool process (killed with the pool if the producer never starts)."""
-    pool_initializer(handles.get(timeout=HANDLE_WAIT_S))
+    """The pool's initializer: waits for the producer's handle, then attaches. ``None``
+    (the producer did not start) fails the initializer, which ends the pool. Runs in: a
+    pool process."""
+    handle = handles.get(timeout=HANDLE_WAIT_S)
+    if handle is None:
+        raise ProducerError("the export's producer did not start")
+    pool_initializer(handle)
 
 
 def _run_job(job: Job) -> JobResult:
@@ -571,31 +580,49 @@ def export(
     bar = Progress(sys.stderr, total, t0) if show else None
     ctx = mp.get_context("spawn")
     handles = ctx.Queue()
-    # The pool's processes start (import shmprod, pyarrow) while the producer starts;
-    # each then takes the producer's handle from the queue and attaches.
-    with (
-        ctx.Pool(workers, initializer=_attach_from, initargs=(handles,)) as pool,
-        Producer(bootstrap_servers=bootstrap_servers, **producer_config) as producer,
-    ):
-        for _ in range(workers):
-            handles.put(producer.handle)
-        window: deque[Any] = deque()
-        for job in jobs:  # at most 2 jobs per process pending: a stream stays a stream
-            window.append(pool.apply_async(_run_job, (job,)))
-            while len(window) >= 2 * workers:
-                report.add(window.popleft().get())
-                if bar:
-                    bar.show(report, time.monotonic())
-        while window:
-            report.add(window.popleft().get())
-            if bar:
-                bar.show(report, time.monotonic())
-        pool.close()
-        pool.join()  # every process detached before the producer closes
+    # A pool process that dies (killed, out of memory) breaks a ProcessPoolExecutor:
+    # every job not yet collected fails at once. (A multiprocessing.Pool would start a
+    # new process and wait forever for the dead one's job.)
+    pool = ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_attach_from, initargs=(handles,)
+    )
+    window: deque[Future[JobResult]] = deque()
+    died: str | None = None
+    clean = False
+    try:
+        # The first jobs start the pool's processes (they import shmprod and pyarrow)
+        # while the producer starts; each then takes the producer's handle and attaches.
+        # At most 2 jobs per process are pending: a stream stays a stream.
+        for job in itertools.islice(jobs, 2 * workers):
+            window.append(pool.submit(_run_job, job))
+        with Producer(bootstrap_servers=bootstrap_servers, **producer_config) as producer:
+            for _ in range(workers):
+                handles.put(producer.handle)
+            try:
+                for job in jobs:
+                    _collect(window, 2 * workers - 1, report, bar)
+                    window.append(pool.submit(_run_job, job))
+                _collect(window, 0, report, bar)
+            except BrokenProcessPool as exc:
+                died = (
+                    f"a pool process died; {len(window):,} unfinished job(s) may have been "
+                    f"sent in part ({exc})"
+                )
+                report.errors.append(died)
+            pool.shutdown(wait=True)  # every process detached before the producer closes
+            clean = True
+    finally:
+        if not clean:  # the producer did not start, or the caller was interrupted
+            _stop(pool, handles, workers)
+        handles.close()
     report.seconds = time.monotonic() - t0
     if bar:
         bar.show(report, time.monotonic(), final=True)
-    handles.close()
+    if check and died is not None:
+        raise ExportError(
+            f"the export stopped after {report.records:,} acknowledged records: {died}",
+            report,
+        )
     if check and not report.ok:
         raise ExportError(
             f"{report.failed:,} of {report.records + report.failed:,} records were not "
@@ -603,3 +630,29 @@ def export(
             report,
         )
     return report
+
+
+def _collect(
+    window: deque[Future[JobResult]], keep: int, report: ExportReport, bar: Progress | None
+) -> None:
+    """Adds finished jobs to the report, oldest first, until ``keep`` are pending.
+    Raises ``BrokenProcessPool`` when a pool process died. Runs in: the caller."""
+    while len(window) > keep:
+        report.add(window[0].result())
+        window.popleft()
+        if bar:
+            bar.show(report, time.monotonic())
+
+
+def _stop(pool: ProcessPoolExecutor, handles: Any, workers: int) -> None:
+    """Ends the pool at once: processes still waiting for a handle get ``None``, the
+    others are killed (the sender frees what they held). Runs in: the caller."""
+    for _ in range(workers):
+        handles.put(None)
+    processes = list(pool._processes.values())  # no public way before Python 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        if proc.is_alive():
+            proc.kill()
+    for proc in processes:
+        proc.join(5)

@@ -4,14 +4,18 @@ before anything is sent; the progress bar on a terminal and none when piped."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import pty
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.dataset as ds
@@ -22,6 +26,7 @@ import shmprod
 from shmprod.broker import EmbeddedBroker
 from shmprod.errors import ConfigError
 from shmprod.partitioner import murmur2
+from shmprod.shm import NAME_PREFIX
 from tests.support.readback import Landed, consume_all
 
 pytestmark = pytest.mark.broker
@@ -308,3 +313,78 @@ def test_tombstones_a_null_value_column(broker: EmbeddedBroker, topic_name: str)
     assert r.records == 2 and r.bytes == 2
     got = sorted(records(broker.bootstrap, topic_name, 1, 2), key=lambda x: x.key or b"")
     assert [(x.key, x.value) for x in got] == [(b"a", None), (b"b", None)]
+
+
+def _pool_processes() -> list[psutil.Process]:
+    """This process's spawned pool children (not multiprocessing's resource tracker)."""
+    out = []
+    for c in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(c.cmdline())
+            if "--multiprocessing-fork" in cmd and "resource_tracker" not in cmd:
+                out.append(c)
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_process_that_dies_stops_the_export_with_an_error(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path
+) -> None:
+    """A pool process killed mid-export (out of memory, say) fails the export at once:
+    the dead process's job is never waited for."""
+    broker.create_topic(topic_name, 4)
+    n = 2_000_000
+    path = tmp_path / "big.parquet"
+    pq.write_table(
+        pa.table({"payload": pa.array([b"v" * 100] * 1000, pa.binary())}).take(
+            pa.array([i % 1000 for i in range(n)])
+        ),
+        path,
+        row_group_size=50_000,
+    )
+    killed: list[int] = []
+
+    def kill_one() -> None:
+        """Kills a pool process 0.2 s after it attached: in the middle of its jobs."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for p in _pool_processes():
+                with contextlib.suppress(psutil.Error):
+                    if any(NAME_PREFIX in m.path for m in p.memory_maps()):
+                        time.sleep(0.2)
+                        p.kill()
+                        killed.append(p.pid)
+                        return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_one, daemon=True)
+    killer.start()
+    with pytest.raises(shmprod.ExportError, match="a pool process died") as info:
+        shmprod.export(
+            str(path), topic_name, bootstrap_servers=broker.bootstrap, value="payload", workers=2
+        )
+    killer.join(5)
+    assert killed, "the export ended before a pool process could be killed"
+    report = info.value.report
+    assert not report.ok and report.records < n
+    assert any("may have been sent in part" in e for e in report.errors)
+    assert not _pool_processes()
+
+
+@pytest.mark.timeout(120)
+def test_a_producer_that_cannot_start_ends_the_pool(
+    broker: EmbeddedBroker, topic_name: str
+) -> None:
+    """The pool's processes start before the producer; when the producer refuses its
+    configuration, they end too (nobody waits for a handle that never comes)."""
+    broker.create_topic(topic_name, 2)
+    with pytest.raises(ConfigError, match="linger_ms"):
+        shmprod.export(
+            table(10),
+            topic_name,
+            bootstrap_servers=broker.bootstrap,
+            value="payload",
+            workers=2,
+            linger_ms=-1,
+        )
+    assert not _pool_processes()

@@ -10,7 +10,8 @@ sends its share of the cell's records to a 12-partition topic on a FRESH embedde
 
 - ``shmprod send`` (one ``send()`` per record), ``shmprod send_batch`` (Arrow columns,
   10,000 records per call) and ``shmprod exporter`` (Parquet row groups read with
-  pyarrow and sent whole, as the exporter does): the workers attach to ONE producer;
+  pyarrow and sent whole, as the exporter does; one row group is read before the clock,
+  as every kind sends one record first): the workers attach to ONE producer;
 - ``confluent-kafka produce`` (per record) and ``confluent-kafka produce_batch``,
   ``aiokafka send_batch`` and ``kafka-python send``: one producer per worker process;
 - ``ceiling``: pre-encoded ProduceRequests (12 partitions x 512 KiB batches, shmprod's

@@ -5,8 +5,8 @@
 answers ``TopicRequest`` from a fixed table it writes into the TOPIC slots, and on
 ``Sealed`` validates and decodes the batch from shared memory, then answers ``Done``
 with made-up base offsets (a counter per partition). Tests can hold Done answers or
-Grants (a busy sender),
-push a partition count change, send ``Fatal``, or "die" (close every socket).
+Grants (a busy sender), push a partition count change, send ``Fatal``, or "die" (close
+every socket).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from typing import Any, Final, TextIO
 import numpy as np
 import pyarrow as pa
 
-from shmprod.errors import ConfigError, ProducerError, ShmprodError
+from shmprod.errors import ConfigError, ShmprodError
 from shmprod.pool import current, pool_initializer
 from shmprod.tables import binary_column, epoch_ms_column, header_rows, json_column
 
@@ -221,13 +221,9 @@ HANDLE_WAIT_S: Final = 300.0
 
 
 def _attach_from(handles: Any) -> None:
-    """The pool's initializer: waits for the producer's handle, then attaches. ``None``
-    (the producer did not start) fails the initializer, which ends the pool. Runs in: a
-    pool process."""
-    handle = handles.get(timeout=HANDLE_WAIT_S)
-    if handle is None:
-        raise ProducerError("the export's producer did not start")
-    pool_initializer(handle)
+    """The pool's initializer: waits for the producer's handle, then attaches. Runs in:
+    a pool process (killed by :func:`_stop` if the producer never starts)."""
+    pool_initializer(handles.get(timeout=HANDLE_WAIT_S))
 
 
 def _run_job(job: Job) -> JobResult:
@@ -613,7 +609,7 @@ def export(
             clean = True
     finally:
         if not clean:  # the producer did not start, or the caller was interrupted
-            _stop(pool, handles, workers)
+            _stop(pool)
         handles.close()
     report.seconds = time.monotonic() - t0
     if bar:
@@ -644,11 +640,9 @@ def _collect(
             bar.show(report, time.monotonic())
 
 
-def _stop(pool: ProcessPoolExecutor, handles: Any, workers: int) -> None:
-    """Ends the pool at once: processes still waiting for a handle get ``None``, the
-    others are killed (the sender frees what they held). Runs in: the caller."""
-    for _ in range(workers):
-        handles.put(None)
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Ends the pool at once: its processes are killed, whether they wait for a handle
+    or run a job (the sender frees what an attached one held). Runs in: the caller."""
     processes = list(pool._processes.values())  # no public way before Python 3.14
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in processes:

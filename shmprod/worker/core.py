@@ -84,7 +84,8 @@ IDLE_RELEASE_NS: Final = 200_000_000  # give spare buffers back after 200 ms wit
 # (measured: a stock given back 200 ms after attach, just before the first flush)
 FIRST_IDLE_RELEASE_NS: Final = 2_000_000_000
 INITIAL_LEASE: Final = 32  # buffers asked for ahead at attach (at most a fair share)
-LEASE_FLUSHES: Final = 3  # the lease grows to cover this many of the largest flush seen
+LEASE_FLUSHES: Final = 4  # the lease grows to cover this many of the largest flush seen
+LEASE_ASKS: Final = 4  # lease asks in flight at once (each flush tops the lease up)
 LEASE_WAIT_S: Final = 0.5  # attach waits at most this long for its first lease
 FLUSH_WAIT_S: Final = 0.05  # a thread waiting for another's flush looks again this often
 
@@ -171,7 +172,7 @@ class WorkerCore:
         self._stock: list[int] = []
         self._stock_target = INITIAL_LEASE  # buffers to keep in stock (grows with demand)
         self._requests: dict[int, _Request] = {}
-        self._prefetch_rid = 0
+        self._prefetches: dict[int, int] = {}  # lease asks not yet granted: id -> buffers
         self._request_ids = itertools.count(1)
         self._next_batch_id = 1
         self._fatal: tuple[int, str] | None = None
@@ -184,6 +185,7 @@ class WorkerCore:
         self._reader = ipc.MessageReader()
         self._early: list[ipc.Message] = []
         self._deferred: list[ipc.Message] = []  # received, not yet applied (I/O thread)
+        self._read_lock = threading.Lock()  # one reader of the control socket at a time
         self._eof = False
         self._eof_message = "the sender closed the control connection (it died or exited)"
         # this worker's counters (mirrored into its WORKER slot per batch)
@@ -205,6 +207,10 @@ class WorkerCore:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+        self._fd = self._sock.fileno()
+        os.set_blocking(self._fd, False)  # as with its timeout: reads never wait
+        self._deferred.extend(self._early)  # came with Welcome: the I/O thread's first
+        self._early = []
         self._topics = TopicTable(self._view, self._geo, self._batch_size, self._rand)
         base = self._geo.worker(self._slot)
         for _, off in shmstats.WORKER_FIELDS:
@@ -241,7 +247,7 @@ class WorkerCore:
         Runs in: worker, not the I/O thread; takes the state lock."""
         deadline = time.monotonic() + min(self._max_block_ms / 1000.0, LEASE_WAIT_S)
         with self._lock:
-            while self._prefetch_rid and self._fatal is None and not self._eof:
+            while self._prefetches and self._fatal is None and not self._eof:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break  # the grant goes to the stock when it comes
@@ -500,6 +506,8 @@ class WorkerCore:
         Runs in: worker, state lock held; the lock is released while waiting.
         """
         got: list[int] = []
+        if self._prefetches and len(self._stock) < run * count:
+            self._take_arrived_grants_locked()  # a refill asked for may be here, unread
         if run == 1 and self._stock:
             take = min(len(self._stock), count)
             got = self._stock[-take:]
@@ -514,6 +522,10 @@ class WorkerCore:
             if len(got) == count:
                 return got
         need = count - len(got)
+        if run > 1 and self._stock and self._pool_free() < run * need:
+            # the stock may be what the pool lacks for these runs: it goes back first
+            # (Release comes before the Alloc), or the ask would wait for it
+            self._release_stock_locked()
         rid = next(self._request_ids)
         req = _Request(run, need)
         self._requests[rid] = req
@@ -562,6 +574,31 @@ class WorkerCore:
         if len(got) > count:
             self._give_back_locked(got[count:], run)
         return got[:count]
+
+    def _take_arrived_grants_locked(self) -> None:
+        """Applies the Grants that reached the control socket but that the I/O thread
+        has not read yet, so a flush takes a refill that is already here instead of
+        asking again and waiting. The I/O thread reads only when it gets the GIL, which a
+        thread sending in a loop holds for up to the switch interval (5 ms) at a time.
+        Other messages stay, in order, for the I/O thread, woken to apply them. Never
+        waits: when the I/O thread is reading, it applies them itself.
+        Runs in: worker, any thread; state lock held, read lock taken if free."""
+        if self._eof or not self._read_lock.acquire(blocking=False):
+            return
+        try:
+            self._receive_held()
+            if any(type(m) is ipc.Grant for m in self._deferred):
+                keep = []
+                for m in self._deferred:
+                    if type(m) is ipc.Grant:
+                        self._on_grant_locked(m)
+                    else:
+                        keep.append(m)
+                self._deferred = keep
+        finally:
+            self._read_lock.release()
+        if self._deferred or self._eof:
+            self._wake()
 
     def _stock_runs_locked(self, run: int, count: int) -> list[int]:
         """Up to ``count`` runs of ``run`` adjacent buffers taken from the stock (first
@@ -612,10 +649,13 @@ class WorkerCore:
     def _replenish_locked(self) -> None:
         """Keeps a lease of buffers ahead of need, so a flush takes them from the stock
         and never waits for a round trip to the sender unless the pool is short. Asks
-        (once at a time, without waiting: the Grant goes to the stock) for what the stock
-        lacks of its target, which grows to three times the largest flush seen, capped at
-        a fair share; never more than a quarter of what the pool has free (an ask the pool
-        cannot answer at once would wait at the head of its queue).
+        (without waiting: the Grant goes to the stock) for what the stock and the asks
+        in flight lack of its target, which grows to four times the largest flush seen,
+        capped at a fair share; never more than a quarter of what the pool has free (an
+        ask the pool cannot answer at once would wait at the head of its queue). Each
+        flush asks again, up to LEASE_ASKS asks in flight: with one ask at a time, a
+        flush that came before the last refill asked for nothing, and a third flush
+        within one slow round trip found the stock short.
         Runs in: worker, state lock held."""
         if self._fatal is not None or self._state != OPEN:
             return
@@ -625,13 +665,14 @@ class WorkerCore:
             back, self._stock = self._stock[:excess], self._stock[excess:]
             self._send_msg_locked(ipc.Release(1, tuple(back)))
             return
-        if self._prefetch_rid:
+        if len(self._prefetches) >= LEASE_ASKS:
             return
-        want = min(target - len(self._stock), self._pool_free() // 4)
+        asked = sum(self._prefetches.values())
+        want = min(target - len(self._stock) - asked, self._pool_free() // 4)
         if want <= 0:
             return
         rid = next(self._request_ids)
-        self._prefetch_rid = rid
+        self._prefetches[rid] = want
         self._send_msg_locked(ipc.Alloc(rid, 1, want))
 
     def _on_grant_locked(self, g: ipc.Grant) -> None:
@@ -643,9 +684,8 @@ class WorkerCore:
             return
         req = self._requests.get(g.request_id)
         if req is None:
-            prefetch = g.request_id == self._prefetch_rid
+            prefetch = self._prefetches.pop(g.request_id, None) is not None
             if prefetch:
-                self._prefetch_rid = 0
                 self._cond.notify_all()  # attach waits for the first lease
             if g.error:
                 return
@@ -712,11 +752,20 @@ class WorkerCore:
     def _receive(self) -> None:
         """Reads what the control socket has into ``_deferred``; notes EOF in ``_eof``.
 
-        Runs in: worker I/O thread only (the main loop, or a wait inside a callback).
+        Runs in: worker I/O thread (the main loop, or a wait inside a callback); takes the
+        read lock (:meth:`_take_arrived_grants_locked` reads from other threads).
         """
+        with self._read_lock:
+            self._receive_held()
+
+    def _receive_held(self) -> None:
+        """:meth:`_receive` with the read lock held. Never waits: the descriptor is
+        non-blocking (a socket with a timeout is, underneath), and ``os.read`` is one
+        ``read`` where ``socket.recv`` would first poll for up to the timeout -- data
+        another reader took since this one's poll must not stall it."""
         try:
-            data = self._sock.recv(RECV_SIZE)
-        except (BlockingIOError, InterruptedError, TimeoutError):
+            data = os.read(self._fd, RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
             return
         except OSError:
             data = b""
@@ -934,8 +983,6 @@ def _io_loop(ref: weakref.ref[WorkerCore]) -> None:
     poller.register(sock_fd, select.POLLIN)
     poller.register(wake_fd, select.POLLIN)
     try:
-        w._deferred.extend(w._early)
-        w._early = []
         while not w._stop:
             if w._deferred:
                 w._handle()

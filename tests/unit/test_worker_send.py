@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -316,6 +317,79 @@ def test_a_late_refill_does_not_stall_the_next_flush() -> None:
         assert w.stats()["batching"]["buffer_waits"] == 0
         assert w.stats()["worker"]["stock_buffers"] == 32 - 2 * partitions
         fake.release_grants()
+        assert all(f.result(1).partition == i % partitions for i, f in enumerate(futs))
+        assert not fake.corrupt
+
+
+def test_every_flush_tops_the_lease_up_while_a_refill_is_late() -> None:
+    """While the sender answers no Alloc, each flush asks for what the stock and the asks
+    in flight lack, instead of waiting for the one ask before: with one ask at a time, a
+    flush made before the last refill came asked for nothing, and a third flush within
+    one slow round trip found the stock short (tests/broker/test_batching.py, a loaded
+    machine)."""
+    partitions = 10
+    with (
+        FakeSender(
+            topics={"events": partitions},
+            buffer_memory=256 * 4096,
+            batch_size=4096,
+            max_block_ms=10_000,
+            **SLOW_LINGER,
+        ) as fake,
+        attach(fake.handle) as w,
+    ):
+        assert w.stats()["worker"]["stock_buffers"] == 32
+        fake.hold_grants = True
+        asks_before = len(fake.allocs)
+        futs = []
+        for _ in range(3):
+            futs += [w.send("events", b"x" * 300, partition=p) for p in range(partitions)]
+            w.flush(5)
+        assert w.stats()["batching"]["buffer_waits"] == 0
+        assert w.stats()["worker"]["stock_buffers"] == 32 - 3 * partitions
+        # the lease is 4 flushes of 10: each flush asked for its share of that
+        assert fake.wait_for(lambda: len(fake.allocs) == asks_before + 3)
+        asked = [a.count for a in fake.allocs[asks_before:]]
+        assert sum(asked) == 4 * partitions - (32 - 3 * partitions), asked
+        fake.release_grants()
+        assert fake.wait_for(lambda: w.stats()["worker"]["stock_buffers"] == 4 * partitions)
+        assert all(f.result(1).partition == i % partitions for i, f in enumerate(futs))
+        assert not fake.corrupt
+
+
+def test_a_flush_takes_a_refill_the_io_thread_has_not_read() -> None:
+    """A thread sending in a loop holds the GIL while a Grant waits in the control socket
+    for the I/O thread: a flush that finds its stock short takes that Grant itself
+    instead of asking again and waiting. (Here the I/O thread is kept from reading.)"""
+    partitions = 20
+    with (
+        FakeSender(
+            topics={"events": partitions},
+            buffer_memory=256 * 4096,
+            batch_size=4096,
+            max_block_ms=2_000,
+            **SLOW_LINGER,
+        ) as fake,
+        attach(fake.handle) as w,
+    ):
+        assert w.stats()["worker"]["stock_buffers"] == 32
+        futs = [w.send("events", b"x" * 300, partition=p) for p in range(partitions)]
+        fake.hold_grants = True
+        w.flush(5)  # 12 buffers left; the refill is asked for, and held
+        assert w.stats()["worker"]["stock_buffers"] == 32 - partitions
+        core: Any = w
+        core._receive = lambda: None  # the I/O thread reads nothing from here on
+        try:
+            fake.release_grants()
+            assert fake.wait_for(lambda: not fake.waiting)
+            time.sleep(0.05)  # the Grant is in the socket, unread
+            assert w.stats()["worker"]["stock_buffers"] == 32 - partitions
+            futs += [w.send("events", b"x" * 300, partition=p) for p in range(partitions)]
+            core._flush_stages()  # writes and hands over; needs 20, the stock holds 12
+        finally:
+            del core._receive
+        assert w.stats()["batching"]["buffer_waits"] == 0  # no Alloc waited on
+        w.flush(5)
         assert all(f.result(1).partition == i % partitions for i, f in enumerate(futs))
         assert not fake.corrupt
 

@@ -10,6 +10,7 @@ import pytest
 
 from shmprod.config import parse_bootstrap
 from shmprod.connection import BrokerConnection
+from tests.support.procs import reap
 
 pytestmark = pytest.mark.broker
 
@@ -32,11 +33,7 @@ def test_broker_command_serves_until_terminated() -> None:
         assert proc.wait(15) == 0
         assert "broker stopped" in proc.stdout.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        reap(proc)
 
 
 def test_version_and_help() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from shmprod.broker import EmbeddedBroker, free_port
 from shmprod.errors import BrokerError
+from tests.support.procs import reap
 
 pytestmark = pytest.mark.broker
 
@@ -79,11 +80,7 @@ def test_an_owner_killed_without_cleanup_takes_its_broker_with_it() -> None:
             time.sleep(0.05)
         assert not _alive(broker), "the broker outlived its owner"
     finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait(10)
-        if owner.stdout is not None:
-            owner.stdout.close()
+        reap(owner)
         if broker and _alive(broker):  # a failed run leaves no broker behind
             os.killpg(broker, signal.SIGKILL)
 

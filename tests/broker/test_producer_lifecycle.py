@@ -34,6 +34,7 @@ from shmprod.errors import (
     UnknownPartitionError,
 )
 from shmprod.handle import Handle
+from tests.support.procs import reap
 from tests.support.readback import consume_all
 
 pytestmark = pytest.mark.broker
@@ -129,11 +130,7 @@ def test_owner_killed_sender_cleans_up(broker: EmbeddedBroker) -> None:
         with pytest.raises(OwnerDiedError, match="is gone"):
             attach(pickle.loads(bytes.fromhex(handle_hex)))
     finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait(10)
-        if owner.stdout is not None:
-            owner.stdout.close()
+        reap(owner)
 
 
 def test_buffer_full_blocks_then_raises(fresh_broker: EmbeddedBroker) -> None:

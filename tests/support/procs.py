@@ -4,7 +4,9 @@ broker, shared-memory segments (tests count them from the outside)."""
 from __future__ import annotations
 
 import os
+import subprocess
 from collections import Counter
+from typing import Any
 
 import psutil
 
@@ -39,3 +41,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def reap(proc: subprocess.Popen[Any]) -> None:
+    """Kills ``proc`` if it still runs, waits for it, and closes its stdout pipe (a
+    test's ``finally``: nothing left running, no ResourceWarning)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()

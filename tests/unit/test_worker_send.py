@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import threading
 import time
 from typing import Any
@@ -294,18 +295,24 @@ def test_a_flush_short_of_buffers_keeps_no_stock() -> None:
         w.flush(5)
 
 
+def _lease_fake(partitions: int, max_block_ms: int = 10_000) -> FakeSender:
+    """A fake sender of 256 buffers of 4 KiB (a first lease of 32) and one topic of
+    ``partitions`` partitions; linger never expires, so only flushes seal."""
+    return FakeSender(
+        topics={"events": partitions},
+        buffer_memory=256 * 4096,
+        batch_size=4096,
+        max_block_ms=max_block_ms,
+        **SLOW_LINGER,
+    )
+
+
 def test_a_late_refill_does_not_stall_the_next_flush() -> None:
     """Two flushes of 14 buffers back to back while the sender answers no Alloc (a busy
     sender): the second takes its buffers from the lease, without waiting."""
     partitions = 14
     with (
-        FakeSender(
-            topics={"events": partitions},
-            buffer_memory=256 * 4096,
-            batch_size=4096,
-            max_block_ms=10_000,
-            **SLOW_LINGER,
-        ) as fake,
+        _lease_fake(partitions) as fake,
         attach(fake.handle) as w,
     ):
         assert w.stats()["worker"]["stock_buffers"] == 32  # the first lease, in at attach
@@ -329,13 +336,7 @@ def test_every_flush_tops_the_lease_up_while_a_refill_is_late() -> None:
     machine)."""
     partitions = 10
     with (
-        FakeSender(
-            topics={"events": partitions},
-            buffer_memory=256 * 4096,
-            batch_size=4096,
-            max_block_ms=10_000,
-            **SLOW_LINGER,
-        ) as fake,
+        _lease_fake(partitions) as fake,
         attach(fake.handle) as w,
     ):
         assert w.stats()["worker"]["stock_buffers"] == 32
@@ -363,13 +364,7 @@ def test_a_flush_takes_a_refill_the_io_thread_has_not_read() -> None:
     instead of asking again and waiting. (Here the I/O thread is kept from reading.)"""
     partitions = 20
     with (
-        FakeSender(
-            topics={"events": partitions},
-            buffer_memory=256 * 4096,
-            batch_size=4096,
-            max_block_ms=2_000,
-            **SLOW_LINGER,
-        ) as fake,
+        _lease_fake(partitions, max_block_ms=2_000) as fake,
         attach(fake.handle) as w,
     ):
         assert w.stats()["worker"]["stock_buffers"] == 32
@@ -382,7 +377,8 @@ def test_a_flush_takes_a_refill_the_io_thread_has_not_read() -> None:
         try:
             fake.release_grants()
             assert fake.wait_for(lambda: not fake.waiting)
-            time.sleep(0.05)  # the Grant is in the socket, unread
+            # the Grant is in the socket, unread (nothing else is sent to it now)
+            assert select.select([core._sock], [], [], 5)[0]
             assert w.stats()["worker"]["stock_buffers"] == 32 - partitions
             futs += [w.send("events", b"x" * 300, partition=p) for p in range(partitions)]
             core._flush_stages()  # writes and hands over; needs 20, the stock holds 12

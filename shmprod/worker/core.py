@@ -207,8 +207,7 @@ class WorkerCore:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._fd = self._sock.fileno()
-        os.set_blocking(self._fd, False)  # as with its timeout: reads never wait
+        os.set_blocking(self._sock.fileno(), False)  # as with its timeout: reads never wait
         self._deferred.extend(self._early)  # came with Welcome: the I/O thread's first
         self._early = []
         self._topics = TopicTable(self._view, self._geo, self._batch_size, self._rand)
@@ -764,7 +763,9 @@ class WorkerCore:
         ``read`` where ``socket.recv`` would first poll for up to the timeout -- data
         another reader took since this one's poll must not stall it."""
         try:
-            data = os.read(self._fd, RECV_SIZE)
+            # fileno() each time: -1 once the socket is closed (EBADF, read as EOF), never
+            # a number the process may have reused for another file
+            data = os.read(self._sock.fileno(), RECV_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:

@@ -307,6 +307,15 @@ def _lease_fake(partitions: int, max_block_ms: int = 10_000) -> FakeSender:
     )
 
 
+def _flush_rounds(w: Worker, partitions: int, rounds: int) -> list[Any]:
+    """``rounds`` flushes of one batch per partition (one buffer each); their futures."""
+    futs = []
+    for _ in range(rounds):
+        futs += [w.send("events", b"x" * 300, partition=p) for p in range(partitions)]
+        w.flush(5)
+    return futs
+
+
 def test_a_late_refill_does_not_stall_the_next_flush() -> None:
     """Two flushes of 14 buffers back to back while the sender answers no Alloc (a busy
     sender): the second takes its buffers from the lease, without waiting."""
@@ -317,10 +326,7 @@ def test_a_late_refill_does_not_stall_the_next_flush() -> None:
     ):
         assert w.stats()["worker"]["stock_buffers"] == 32  # the first lease, in at attach
         fake.hold_grants = True
-        futs = []
-        for _ in range(2):
-            futs += [w.send("events", b"x" * 300, partition=p) for p in range(partitions)]
-            w.flush(5)
+        futs = _flush_rounds(w, partitions, 2)
         assert w.stats()["batching"]["buffer_waits"] == 0
         assert w.stats()["worker"]["stock_buffers"] == 32 - 2 * partitions
         fake.release_grants()
@@ -342,10 +348,7 @@ def test_every_flush_tops_the_lease_up_while_a_refill_is_late() -> None:
         assert w.stats()["worker"]["stock_buffers"] == 32
         fake.hold_grants = True
         asks_before = len(fake.allocs)
-        futs = []
-        for _ in range(3):
-            futs += [w.send("events", b"x" * 300, partition=p) for p in range(partitions)]
-            w.flush(5)
+        futs = _flush_rounds(w, partitions, 3)
         assert w.stats()["batching"]["buffer_waits"] == 0
         assert w.stats()["worker"]["stock_buffers"] == 32 - 3 * partitions
         # the lease is 4 flushes of 10: each flush asked for its share of that

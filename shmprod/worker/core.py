@@ -575,25 +575,19 @@ class WorkerCore:
         return got[:count]
 
     def _take_arrived_grants_locked(self) -> None:
-        """Applies the Grants that reached the control socket but that the I/O thread
-        has not read yet, so a flush takes a refill that is already here instead of
-        asking again and waiting. The I/O thread reads only when it gets the GIL, which a
-        thread sending in a loop holds for up to the switch interval (5 ms) at a time.
-        Other messages stay, in order, for the I/O thread, woken to apply them. Never
-        waits: when the I/O thread is reading, it applies them itself.
+        """Applies, as a waiter does (:meth:`_apply_for_waiters_locked`), what reached
+        the control socket but the I/O thread has not read yet, so a flush takes a refill
+        (Grant) that is already here instead of asking again and waiting. The I/O thread
+        reads only when it gets the GIL, which a thread sending in a loop holds for up to
+        the switch interval (5 ms) at a time. ``Done`` messages and a Fatal stay, in
+        order, for the I/O thread, woken to apply them. Never waits: when the I/O thread
+        is reading, it applies them itself.
         Runs in: worker, any thread; state lock held, read lock taken if free."""
         if self._eof or not self._read_lock.acquire(blocking=False):
             return
         try:
             self._receive_held()
-            if any(type(m) is ipc.Grant for m in self._deferred):
-                keep = []
-                for m in self._deferred:
-                    if type(m) is ipc.Grant:
-                        self._on_grant_locked(m)
-                    else:
-                        keep.append(m)
-                self._deferred = keep
+            self._apply_for_waiters_locked()
         finally:
             self._read_lock.release()
         if self._deferred or self._eof:
@@ -802,6 +796,15 @@ class WorkerCore:
         if self._eof and self._fatal is None:
             self._fatal = self._cause(self._eof_message)
             self._fast = None  # send() goes through Python, which refuses
+        self._apply_for_waiters_locked()
+
+    def _apply_for_waiters_locked(self) -> None:
+        """Applies at once what a waiter needs of the messages received (Grant,
+        TopicInfo, Ready; a Fatal is noted) and keeps ``Done`` messages and the Fatal, in
+        order, for :meth:`_handle`. Runs in: the I/O thread waiting in a callback, or a
+        flush taking arrived Grants; state lock held (no other thread reads or swaps
+        ``_deferred`` then, but the I/O thread's own ``_receive``, under the read lock
+        the flush holds)."""
         keep: list[ipc.Message] = []
         for m in self._deferred:
             if type(m) is ipc.Done or type(m) is ipc.DoneSplit:

@@ -34,11 +34,10 @@ import random
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from shmprod import speedups
 from shmprod.errors import (
@@ -50,6 +49,13 @@ from shmprod.errors import (
 )
 from shmprod.partitioner_names import PARTITIONER_NAMES, check_partitioner_name
 from shmprod.protocol.columns import arrow_buffers, to_binary_array, valid_mask
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    from shmprod.arrow import pa
+
+from shmprod.arrow import arrow_loaded
 
 __all__ = [
     "NO_PARTITION",
@@ -349,9 +355,12 @@ def _c_partitions(keys: _KeyColumn, n: int) -> npt.NDArray[np.int32] | None:
     c = speedups.murmur2_partitions
     if c is None:
         return None
-    src: Any = keys if isinstance(keys, list) else None
-    if isinstance(keys, pa.Array):
+    if isinstance(keys, list):
+        src: Any = keys
+    elif arrow_loaded() and isinstance(keys, pa.Array):  # no Arrow loaded: not an array
         src = arrow_buffers(keys)
+    else:
+        src = None
     if src is None:
         return None
     out = np.empty(len(keys), np.int32)

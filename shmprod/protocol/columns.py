@@ -30,14 +30,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from shmprod.errors import EncodeError
 from shmprod.protocol.values import as_bytes, describe, frozen
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    from shmprod.arrow import pa
+
 
 __all__ = ["to_binary_array"]
 
@@ -87,15 +92,16 @@ def binary_lengths(arr: pa.Array) -> npt.NDArray[np.int64]:
     return lengths
 
 
-_OFFSET_WIDTHS: Final = {pa.binary(): 4, pa.large_binary(): 8}
-
-
 def arrow_buffers(arr: pa.Array) -> tuple[int, int, int, Any, Any, Any] | None:
     """A (large_)binary array as the C extension reads it: (length, offset,
     offset width 4 or 8, validity buffer or None, offsets buffer, data buffer); None for
     another type."""
-    width = _OFFSET_WIDTHS.get(arr.type)
-    if width is None:
+    kind = arr.type
+    if pa.types.is_binary(kind):
+        width = 4
+    elif pa.types.is_large_binary(kind):
+        width = 8
+    else:
         return None
     validity, offsets, data = arr.buffers()
     return len(arr), arr.offset, width, validity if arr.null_count else None, offsets, data

@@ -34,12 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from shmprod.errors import EncodeError
 from shmprod.protocol import compression as _codecs
@@ -48,6 +46,13 @@ from shmprod.protocol.columns import binary_array, to_binary_array, valid_mask
 from shmprod.protocol.compression import NONE
 from shmprod.protocol.primitives import INT32_MAX
 from shmprod.protocol.records import HEADER_SIZE, PLAIN, BatchSettings, Header, NewRecord
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+else:
+    from shmprod.arrow import pa, pc
+
 
 __all__ = [
     "EncodedBatch",

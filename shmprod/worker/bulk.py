@@ -54,12 +54,10 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from shmprod import speedups
 from shmprod.errors import (
@@ -90,6 +88,13 @@ from shmprod.worker.inputs import check_timestamp, encoded_headers
 from shmprod.worker.port import AppendPort, Written
 from shmprod.worker.staging import I64, Columns, HeldCalls, Stage
 from shmprod.worker.topics import TopicEntry, validate_topic
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+else:
+    from shmprod.arrow import pa, pc
+
 
 __all__ = ["Columns", "flush_stage", "flush_stages", "prepare_columns", "send_batch"]
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from shmprod import speedups
 from shmprod.errors import EncodeError
@@ -41,7 +40,11 @@ from shmprod.protocol.records import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from shmprod.worker.staging import Stage
+else:
+    from shmprod.arrow import pa
 
 __all__ = ["DirectBatch", "Source", "arrow_source", "plan", "staged_source"]
 

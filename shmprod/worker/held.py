@@ -31,9 +31,9 @@ lock until taken for a flush.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from shmprod import speedups
 from shmprod.futures import BatchFuture
@@ -46,6 +46,11 @@ from shmprod.worker.staging import (
     Columns,
     HeldCalls,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    from shmprod.arrow import pa
 
 __all__ = ["concat", "hold"]
 

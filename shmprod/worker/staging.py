@@ -38,16 +38,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from shmprod import speedups
 from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, _call
 from shmprod.protocol.records import Header
 from shmprod.speedups import StageCore, append_row
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    from shmprod.arrow import pa
+
 
 I64 = npt.NDArray[np.int64]
 

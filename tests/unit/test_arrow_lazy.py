@@ -1,0 +1,46 @@
+"""``shmprod.arrow``: pyarrow imported at its first use, not when ``send()``'s modules
+load. That ``send()`` alone never imports it is checked end to end in
+``tests/broker/test_footprint.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from shmprod.arrow import LazyModule
+
+
+def test_a_lazy_module_imports_at_its_first_attribute_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lazy = LazyModule("shmprod_test_not_yet_there")  # nothing imported: no error yet
+    real = types.ModuleType("shmprod_test_not_yet_there")
+    real.answer = 42  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "shmprod_test_not_yet_there", real)
+    assert lazy.answer == 42
+    assert lazy.__dict__["answer"] == 42  # copied: later reads make no call
+    real.later = "added after the first read"  # type: ignore[attr-defined]
+    assert lazy.later == "added after the first read"
+    with pytest.raises(AttributeError):
+        _ = lazy.missing
+
+
+def test_a_lazy_module_of_a_missing_package_fails_at_first_use() -> None:
+    lazy = LazyModule("shmprod_test_no_such_package")
+    with pytest.raises(ModuleNotFoundError):
+        _ = lazy.anything
+
+
+def test_importing_the_send_path_leaves_arrow_unloaded() -> None:
+    child = (
+        "import sys; import shmprod.worker, shmprod.worker.bulk, shmprod.partitioner;"
+        " from shmprod.arrow import arrow_loaded, pa;"
+        " before = arrow_loaded(); t = pa.large_binary();"
+        " print('LOADED', before, arrow_loaded(), t == __import__('pyarrow').large_binary())"
+    )
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED False True True" in proc.stdout, proc.stdout

@@ -189,6 +189,7 @@ def measure(
             "linger_ms": LINGER_MS,
             "max_s": args.max_seconds,
             "tmpdir": tmp,
+            "procs": procs,
         }
         if kind.startswith("shmprod"):
             producer = Producer(

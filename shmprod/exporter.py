@@ -141,6 +141,7 @@ class Job:
     row_groups: tuple[int, ...] | None = None
     read_options: tuple[tuple[str, Any], ...] = ()
     batch_ipc: bytes | None = None  # an in-memory batch as an Arrow IPC stream
+    threads: bool = True  # decode a file with pyarrow's thread pool (one process only)
 
 
 def _to_ipc(batch: pa.RecordBatch) -> bytes:
@@ -172,12 +173,19 @@ def _batches(job: Job) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
         f = pq.ParquetFile(job.path)
-        yield from f.iter_batches(BATCH_ROWS, row_groups=job.row_groups, columns=job.columns.needed)
+        yield from f.iter_batches(
+            BATCH_ROWS,
+            row_groups=job.row_groups,
+            columns=job.columns.needed,
+            use_threads=job.threads,
+        )
         return
     import pyarrow.dataset as ds  # imports pandas: only where files are read
 
     data = ds.dataset(job.path, format=_format(job.file_format, dict(job.read_options)))
-    yield from data.to_batches(columns=job.columns.needed, batch_size=BATCH_ROWS)
+    yield from data.to_batches(
+        columns=job.columns.needed, batch_size=BATCH_ROWS, use_threads=job.threads
+    )
 
 
 def _send(batch: pa.RecordBatch, job: Job) -> Any:
@@ -363,10 +371,23 @@ def _check(schema: pa.Schema, c: Columns, what: str) -> None:
 
 
 def _file_jobs(
-    files: list[str], fmt: str, topic: str, c: Columns, read_options: Mapping[str, Any]
+    files: list[str],
+    fmt: str,
+    topic: str,
+    c: Columns,
+    read_options: Mapping[str, Any],
+    threads: bool,
 ) -> tuple[list[Job], int | None]:
     """One job per Parquet row group (per file otherwise), every file opened and its
-    schema checked first. Returns (jobs, total rows if known)."""
+    schema checked first. Returns (jobs, total rows if known).
+
+    ``threads``: whether a job decodes with pyarrow's thread pool. With several
+    processes the pool of processes is the parallelism, and each decodes on its own
+    thread: pyarrow's pool has a thread per core in every process. (Measured, eight
+    processes each reading its Parquet row groups of 100 B records and sending them,
+    on two cores, 4 alternating runs: 0.80-1.08 M records/s with threads, 0.90-1.30 M
+    without, peak memory 670-700 MB against 470-570 MB; one process, and 1 KB
+    records, no worse.)"""
     jobs: list[Job] = []
     total: int | None = 0
     options = tuple(sorted(read_options.items()))
@@ -378,7 +399,7 @@ def _file_jobs(
                 meta = pq.ParquetFile(path)
                 _check(meta.schema_arrow, c, path)
                 for g in range(meta.num_row_groups):
-                    jobs.append(Job(topic, c, path, fmt, (g,), options))
+                    jobs.append(Job(topic, c, path, fmt, (g,), options, threads=threads))
                 if total is not None:
                     total += meta.metadata.num_rows
             else:
@@ -386,7 +407,7 @@ def _file_jobs(
 
                 frag = ds.dataset(path, format=_format(fmt, read_options))
                 _check(frag.schema, c, path)
-                jobs.append(Job(topic, c, path, fmt, None, options))
+                jobs.append(Job(topic, c, path, fmt, None, options, threads=threads))
                 if fmt == "ipc" and total is not None:
                     total += frag.count_rows()
                 else:
@@ -514,7 +535,9 @@ def prepare(
     jobs: Iterator[Job]
     if isinstance(source, str | os.PathLike):
         files, fmt = _paths(source)
-        job_list, total = _file_jobs(files, fmt, topic, cols, read_options or {})
+        job_list, total = _file_jobs(
+            files, fmt, topic, cols, read_options or {}, threads=workers == 1
+        )
         jobs = iter(job_list)
     else:
         schema, batches, total = _batch_source(source)

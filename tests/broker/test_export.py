@@ -188,6 +188,18 @@ def test_bad_sources_are_refused_by_name(tmp_path: Path) -> None:
             shmprod.export(source, "t", bootstrap_servers="127.0.0.1:1")
 
 
+def test_files_decode_on_one_thread_per_process_when_several_export(tmp_path: Path) -> None:
+    """Several pool processes are the parallelism: each reads single-threaded (pyarrow's
+    pool would add a thread per core in every process); one process keeps the pool."""
+    from shmprod.exporter import prepare
+
+    pq.write_table(table(10), tmp_path / "a.parquet")
+    pcsv.write_csv(table(10).select(["user"]), tmp_path / "b.csv")
+    for source, value in ((tmp_path / "a.parquet", "payload"), (tmp_path / "b.csv", "user")):
+        assert [j.threads for j in prepare(source, "t", value=value, workers=1).jobs] == [True]
+        assert [j.threads for j in prepare(source, "t", value=value, workers=3).jobs] == [False]
+
+
 def test_a_failed_record_fails_the_export_with_its_report(
     broker: EmbeddedBroker, topic_name: str
 ) -> None:

@@ -20,14 +20,13 @@ them.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from shmprod import Producer
 from shmprod.broker import EmbeddedBroker
+from tests.support.procs import python_output
 
 pytestmark = pytest.mark.broker
 
@@ -59,14 +58,8 @@ _CHILD = textwrap.dedent(
 def test_sending_never_imports_pandas(broker: EmbeddedBroker, topic_name: str) -> None:
     pytest.importorskip("pandas")  # only meaningful where pandas could be imported
     broker.create_topic(topic_name, 4)
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, broker.bootstrap, topic_name],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "LOADED []" in proc.stdout, proc.stdout
+    out = python_output(_CHILD, broker.bootstrap, topic_name)
+    assert "LOADED []" in out, out
 
 
 _SEND_ONLY = textwrap.dedent(
@@ -93,17 +86,10 @@ _SEND_ONLY = textwrap.dedent(
 
 def test_send_alone_never_imports_arrow(broker: EmbeddedBroker, topic_name: str) -> None:
     broker.create_topic(topic_name, 4)
-    proc = subprocess.run(
-        [sys.executable, "-c", _SEND_ONLY, broker.bootstrap, topic_name],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    out = python_output(_SEND_ONLY, broker.bootstrap, topic_name)
     # every record landed without Arrow; a send with headers (the vectorized
     # encoder's case) then loads it, and works
-    assert "SENT 300" in proc.stdout and "BEFORE False" in proc.stdout, proc.stdout
-    assert "AFTER True" in proc.stdout, proc.stdout
+    assert "SENT 300" in out and "BEFORE False" in out and "AFTER True" in out, out
 
 
 def test_the_sender_modules_load_no_numpy_or_arrow() -> None:
@@ -112,9 +98,8 @@ def test_the_sender_modules_load_no_numpy_or_arrow() -> None:
         " ProducerConfig(bootstrap_servers='127.0.0.1:9');"
         " print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pyarrow'}))"
     )
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "LOADED []" in proc.stdout, proc.stdout
+    out = python_output(child, timeout=60)
+    assert "LOADED []" in out, out
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc/<pid>/maps")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -51,3 +52,13 @@ def reap(proc: subprocess.Popen[Any]) -> None:
         proc.wait(10)
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def python_output(code: str, *args: str, timeout: float = 120) -> str:
+    """Runs ``code`` in a fresh interpreter (``python -c code args...``) and returns
+    its stdout; fails the test, with its stderr, when it exits with an error."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout

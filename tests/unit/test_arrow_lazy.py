@@ -4,13 +4,13 @@ load. That ``send()`` alone never imports it is checked end to end in
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import types
 
 import pytest
 
 from shmprod.arrow import LazyModule
+from tests.support.procs import python_output
 
 
 def test_a_lazy_module_imports_at_its_first_attribute_read(
@@ -41,6 +41,5 @@ def test_importing_the_send_path_leaves_arrow_unloaded() -> None:
         " before = arrow_loaded(); t = pa.large_binary();"
         " print('LOADED', before, arrow_loaded(), t == __import__('pyarrow').large_binary())"
     )
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "LOADED False True True" in proc.stdout, proc.stdout
+    out = python_output(child, timeout=60)
+    assert "LOADED False True True" in out, out

@@ -2,7 +2,7 @@
 
 ``import pyarrow`` costs a process about 25 MB of private memory, and
 ``pyarrow.compute`` 9 MB more (measured with ``psutil``'s USS on Python 3.11,
-pyarrow 2x). A process that only calls ``Worker.send`` never needs Arrow: its common
+pyarrow 26). A process that only calls ``Worker.send`` never needs Arrow: its common
 case stages and writes records in C. The modules on ``send``'s import path take ``pa``
 and ``pc`` from here instead of importing pyarrow, so Arrow loads at the first
 attribute read (a ``send_batch``, an exporter, a ``send`` that needs the vectorized

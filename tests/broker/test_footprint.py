@@ -9,7 +9,7 @@ interpreter, since the test process itself has pandas loaded.
 
 A process that only calls ``send()`` (no headers) stages and writes its records in C:
 importing pyarrow would cost it about 17 MB of PSS (a spawned worker sending 20,000
-keyed records: 48 MB against 65 MB) and about 80 ms of imports (``python -X importtime``:
+keyed records: 48 MB against 64-66 MB) and about 80 ms of imports (``python -X importtime``:
 pyarrow 34 ms, ``pyarrow.compute`` 46 ms more). The modules on that
 path take Arrow from :mod:`shmprod.arrow`, which imports it at first use.
 

@@ -9,11 +9,12 @@
  *               limit and the plain flag. shmprod.worker.staging.Stage subclasses it.
  *   FutureCore  a RecordFuture's stage and row. shmprod.futures.RecordFuture
  *               subclasses it.
- *   Stager      the common case of Worker.send(): bytes or None key and value, no
- *               headers, no explicit partition, the topic's one stage has room. It
- *               appends the row under the Worker's state lock and returns the record's
- *               future, or returns None (nothing staged) so that the Python path
- *               handles the record.
+ *   Stager      the common case of Worker.send(): bytes or None key and value, headers
+ *               none or a dict / list of (str, bytes | str | None) pairs (encoded
+ *               here into the row's section), no explicit partition, the topic's one
+ *               stage has room. It appends the row under the Worker's state lock and
+ *               returns the record's future, or returns None (nothing staged) so that
+ *               the Python path handles the record.
  *
  * Why (measured, ARCHITECTURE.md "The per-record path"): the same steps in Python cost
  * about 1.1 us of the caller's CPU per record; here they cost about a quarter of that,
@@ -51,7 +52,9 @@ typedef struct {
     Py_ssize_t n;         /* rows staged */
     Py_ssize_t nbytes;    /* key + value + header bytes staged (with overhead) */
     long long limit;      /* nbytes at which the stage is flushed */
-    char plain;           /* no row has headers or an explicit partition */
+    char plain;           /* no row has an explicit partition */
+    PyObject *headers;    /* NULL (None) or a list: each row's encoded headers section */
+    Py_ssize_t header_max; /* the largest of those sections (1: none) */
 } StageCore;
 
 static int
@@ -60,6 +63,7 @@ stage_traverse(StageCore *self, visitproc visit, void *arg)
     Py_VISIT(self->values);
     Py_VISIT(self->keys);
     Py_VISIT(self->timestamps);
+    Py_VISIT(self->headers);
     return 0;
 }
 
@@ -69,6 +73,7 @@ stage_clear(StageCore *self)
     Py_CLEAR(self->values);
     Py_CLEAR(self->keys);
     Py_CLEAR(self->timestamps);
+    Py_CLEAR(self->headers);
     return 0;
 }
 
@@ -87,6 +92,7 @@ stage_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (self != NULL) {
         self->plain = 1;
         self->limit = (long long)1 << 62;
+        self->header_max = 1;
     }
     return (PyObject *)self;
 }
@@ -98,7 +104,11 @@ static PyMemberDef stage_members[] = {
     {"n", T_PYSSIZET, offsetof(StageCore, n), 0, "rows staged"},
     {"nbytes", T_PYSSIZET, offsetof(StageCore, nbytes), 0, "bytes staged"},
     {"limit", T_LONGLONG, offsetof(StageCore, limit), 0, "bytes at which it is flushed"},
-    {"plain", T_BOOL, offsetof(StageCore, plain), 0, "no headers, no explicit partition"},
+    {"plain", T_BOOL, offsetof(StageCore, plain), 0, "no row has an explicit partition"},
+    {"headers", T_OBJECT, offsetof(StageCore, headers), 0,
+     "None, or each row's encoded headers section (a list of bytes)"},
+    {"header_max", T_PYSSIZET, offsetof(StageCore, header_max), 0,
+     "the largest encoded headers section of a row (1: none)"},
     {NULL},
 };
 
@@ -276,6 +286,8 @@ unlock(Stager *self)
  * error. Runs in: worker, takes the state lock.
  */
 static PyObject *stage_row(Stager *self, PyObject *const *args);
+static PyObject *header_section(PyObject *headers);
+static PyObject *no_headers; /* b"\x00": a record without headers */
 
 static PyObject *
 stager_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -295,7 +307,7 @@ stage_row(Stager *self, PyObject *const *args)
 {
     PyObject *topic = args[0], *value = args[1], *key = args[2];
     PyObject *headers = args[3], *partition = args[4], *ts_arg = args[5];
-    if (headers != Py_None || partition != Py_None || !PyUnicode_CheckExact(topic)) {
+    if (partition != Py_None || !PyUnicode_CheckExact(topic)) {
         Py_RETURN_NONE;
     }
     Py_ssize_t klen = 0, vlen = 0;
@@ -311,16 +323,35 @@ stage_row(Stager *self, PyObject *const *args)
         }
         vlen = PyBytes_GET_SIZE(value);
     }
-    Py_ssize_t bound = klen + vlen + 1 + self->overhead_max;
+    /* the row's headers section (NULL: none), encoded before the stage is touched */
+    PyObject *section = NULL;
+    Py_ssize_t hlen = 1;
+    if (headers != Py_None) {
+        section = header_section(headers);
+        if (section == NULL) {
+            return NULL;
+        }
+        if (section == Py_None) {
+            return section; /* not the common form: the Python path checks or converts */
+        }
+        hlen = PyBytes_GET_SIZE(section);
+        if (hlen <= 1) {
+            Py_CLEAR(section); /* no headers */
+            hlen = 1;
+        }
+    }
+    Py_ssize_t bound = klen + vlen + hlen + self->overhead_max;
     if (bound > self->records_room || bound + self->header_size > self->max_request_size) {
+        Py_XDECREF(section);
         Py_RETURN_NONE; /* too large: the Python path raises its error */
     }
-    Py_ssize_t size = klen + vlen + 1 + self->staged_overhead;
+    Py_ssize_t size = klen + vlen + hlen + self->staged_overhead;
 
     PyObject *ts;
     if (ts_arg == Py_None) {
         struct timespec now;
         if (clock_gettime(CLOCK_REALTIME, &now) != 0) {
+            Py_XDECREF(section);
             Py_RETURN_NONE;
         }
         long long ms = (long long)now.tv_sec * 1000LL + now.tv_nsec / 1000000;
@@ -330,6 +361,7 @@ stage_row(Stager *self, PyObject *const *args)
         else {
             ts = PyLong_FromLongLong(ms);
             if (ts == NULL) {
+                Py_XDECREF(section);
                 return NULL;
             }
             Py_XSETREF(self->last_ts, Py_NewRef(ts));
@@ -340,12 +372,14 @@ stage_row(Stager *self, PyObject *const *args)
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(ts_arg, &overflow);
         if (overflow != 0 || v < 0) {
+            Py_XDECREF(section);
             Py_RETURN_NONE; /* out of range: the Python path raises */
         }
         Py_INCREF(ts_arg);
         ts = ts_arg;
     }
     else {
+        Py_XDECREF(section);
         Py_RETURN_NONE;
     }
 
@@ -353,6 +387,7 @@ stage_row(Stager *self, PyObject *const *args)
        collection, which may run Python code (finalizers) and switch threads. */
     FutureCore *fut = (FutureCore *)self->future_type->tp_alloc(self->future_type, 0);
     if (fut == NULL) {
+        Py_XDECREF(section);
         Py_DECREF(ts);
         return NULL;
     }
@@ -367,6 +402,7 @@ stage_row(Stager *self, PyObject *const *args)
 #ifndef Py_GIL_DISABLED
     PyObject *busy = PyObject_CallNoArgs(self->locked);
     if (busy == NULL) {
+        Py_XDECREF(section);
         Py_DECREF(fut);
         Py_DECREF(ts);
         return NULL;
@@ -377,6 +413,7 @@ stage_row(Stager *self, PyObject *const *args)
     if (held) {
         PyObject *r = PyObject_CallNoArgs(self->acquire);
         if (r == NULL) {
+            Py_XDECREF(section);
             Py_DECREF(fut);
             Py_DECREF(ts);
             return NULL;
@@ -408,29 +445,48 @@ stage_row(Stager *self, PyObject *const *args)
         result = Py_NewRef(Py_None); /* full, or not plain: the Python path */
         goto done;
     }
-    if (PyList_Append(st->values, value) < 0) {
+    /* the stage's first row with headers: the Python path makes its list of sections
+       (an allocation here could collect garbage and run Python code) */
+    PyObject *hlist = (st->headers != NULL && st->headers != Py_None) ? st->headers : NULL;
+    if ((section != NULL && hlist == NULL) || (hlist != NULL && !PyList_CheckExact(hlist))) {
+        result = Py_NewRef(Py_None);
         goto done;
+    }
+    if (hlist != NULL && PyList_Append(hlist, section != NULL ? section : no_headers) < 0) {
+        goto done;
+    }
+    if (PyList_Append(st->values, value) < 0) {
+        goto undo_headers;
     }
     if (PyList_Append(st->keys, key) < 0) {
         drop_last(st->values);
-        goto done;
+        goto undo_headers;
     }
     if (PyList_Append(st->timestamps, ts) < 0) {
         drop_last(st->values);
         drop_last(st->keys);
-        goto done;
+        goto undo_headers;
     }
     fut->stage = Py_NewRef(item);
     fut->row = st->n;
     st->n += 1;
     st->nbytes += size;
+    if (hlen > st->header_max) {
+        st->header_max = hlen;
+    }
     result = (PyObject *)Py_NewRef(fut);
+    goto done;
+undo_headers:
+    if (hlist != NULL) {
+        drop_last(hlist);
+    }
 done:
     if (held && unlock(self) < 0) {
         Py_XDECREF(result);
         result = NULL;
     }
     /* after the stage is consistent: these may free objects */
+    Py_XDECREF(section);
     Py_DECREF(fut);
     Py_DECREF(ts);
     return result;
@@ -703,8 +759,9 @@ static PyTypeObject SendMethodType = {
  *
  * A record (Kafka RecordBatch v2): length attributes timestampDelta offsetDelta
  * keyLength key valueLength value headers, every integer a zig-zag varint, a null key
- * or value a length of -1; headers is one encoded section shared by every row (b"\x00":
- * none).
+ * or value a length of -1; headers is either one encoded section shared by every row
+ * (b"\x00": none) or a list of one section per row (a stage whose rows were sent with
+ * headers), indexed like the columns.
  */
 
 static inline int
@@ -733,6 +790,123 @@ put_varint(char *p, unsigned long long u)
     }
     *p++ = (char)u;
     return p;
+}
+
+/* One header of the stager's headers (item i of a list or tuple, or the next pair of a
+ * dict at *pos) as UTF-8 key bytes and value bytes (*vlen -1: null). 0: done; 1: not
+ * the common form (no exception set). Runs no Python code. */
+static int
+header_pair(PyObject *headers, Py_ssize_t i, Py_ssize_t *pos, const char **k,
+            Py_ssize_t *klen, const char **v, Py_ssize_t *vlen)
+{
+    PyObject *key, *value;
+    if (PyDict_CheckExact(headers)) {
+        if (!PyDict_Next(headers, pos, &key, &value)) {
+            return 1; /* fewer pairs than its size said: never without Python code */
+        }
+    }
+    else {
+        PyObject *item = PySequence_Fast_GET_ITEM(headers, i);
+        if ((!PyTuple_Check(item) && !PyList_Check(item)) ||
+            PySequence_Fast_GET_SIZE(item) != 2) {
+            return 1;
+        }
+        key = PySequence_Fast_GET_ITEM(item, 0);
+        value = PySequence_Fast_GET_ITEM(item, 1);
+    }
+    if (!PyUnicode_Check(key)) {
+        return 1;
+    }
+    *k = PyUnicode_AsUTF8AndSize(key, klen);
+    if (*k == NULL) {
+        PyErr_Clear(); /* not encodable (a lone surrogate): the Python path says so */
+        return 1;
+    }
+    if (value == Py_None) {
+        *v = NULL;
+        *vlen = -1;
+    }
+    else if (PyBytes_Check(value)) {
+        *v = PyBytes_AS_STRING(value);
+        *vlen = PyBytes_GET_SIZE(value);
+    }
+    else if (PyUnicode_Check(value)) {
+        *v = PyUnicode_AsUTF8AndSize(value, vlen);
+        if (*v == NULL) {
+            PyErr_Clear();
+            return 1;
+        }
+    }
+    else {
+        return 1; /* another bytes-like: the Python path converts it */
+    }
+    return (*klen > 0x7FFFFFFF || *vlen > 0x7FFFFFFF) ? 1 : 0;
+}
+
+/*
+ * The encoded headers section of one record sent with headers: a dict, or a list or
+ * tuple of (key, value) pairs (each a 2-tuple or 2-list); key str, value bytes, str or
+ * None (shmprod.protocol.records.encode_headers writes the same bytes). Returns a new
+ * bytes object; None for any other form or what cannot be encoded (the Python path
+ * then converts it or raises its typed error); NULL on a memory error. Runs in: worker,
+ * the thread that calls send(); no lock, no Python code.
+ */
+static PyObject *
+header_section(PyObject *headers)
+{
+    Py_ssize_t count;
+    if (PyDict_CheckExact(headers)) {
+        count = PyDict_GET_SIZE(headers);
+    }
+    else if (PyList_CheckExact(headers) || PyTuple_CheckExact(headers)) {
+        count = PySequence_Fast_GET_SIZE(headers);
+    }
+    else {
+        Py_RETURN_NONE;
+    }
+    if (count == 0) {
+        return Py_NewRef(no_headers);
+    }
+    if (count > 0x7FFFFFFF) {
+        Py_RETURN_NONE;
+    }
+    long long size = zz_size(zigzag(count));
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *k, *v;
+        Py_ssize_t klen, vlen;
+        if (header_pair(headers, i, &pos, &k, &klen, &v, &vlen)) {
+            Py_RETURN_NONE;
+        }
+        size += zz_size(zigzag(klen)) + klen + zz_size(zigzag(vlen)) + (vlen > 0 ? vlen : 0);
+    }
+    if (size > 0x7FFFFFFFLL) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (out == NULL) {
+        return NULL;
+    }
+    char *p = PyBytes_AS_STRING(out);
+    p = put_varint(p, zigzag(count));
+    pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *k, *v;
+        Py_ssize_t klen, vlen;
+        if (header_pair(headers, i, &pos, &k, &klen, &v, &vlen)) {
+            Py_DECREF(out); /* the same pairs as above: never */
+            Py_RETURN_NONE;
+        }
+        p = put_varint(p, zigzag(klen));
+        memcpy(p, k, (size_t)klen);
+        p += klen;
+        p = put_varint(p, zigzag(vlen));
+        if (vlen > 0) {
+            memcpy(p, v, (size_t)vlen);
+            p += vlen;
+        }
+    }
+    return out;
 }
 
 enum { COL_NULL, COL_LIST, COL_ARROW, COL_CHUNKS };
@@ -1087,6 +1261,7 @@ typedef struct {
     int has_order;
     const char *headers;
     Py_ssize_t headers_len;
+    PyObject **row_headers; /* NULL: every record carries headers; else one per row */
 } Rows;
 
 static void
@@ -1129,8 +1304,17 @@ rows_get(Rows *r, PyObject *values, PyObject *keys, PyObject *stamps, PyObject *
         r->headers = PyBytes_AS_STRING(headers);
         r->headers_len = PyBytes_GET_SIZE(headers);
     }
+    else if (PyList_Check(headers)) {
+        if (PyList_GET_SIZE(headers) != r->n) {
+            PyErr_SetString(PyExc_ValueError, "per-row headers must have one section per row");
+            goto fail;
+        }
+        r->row_headers = ((PyListObject *)headers)->ob_item;
+    }
     else {
-        PyErr_SetString(PyExc_TypeError, "headers must be a non-empty encoded headers section");
+        PyErr_SetString(PyExc_TypeError,
+                        "headers must be a non-empty encoded headers section, or a list of "
+                        "one per row");
         goto fail;
     }
     if (order != Py_None) {
@@ -1154,10 +1338,10 @@ fail:
     return -1;
 }
 
-/* Sorted position i's row, key, value and timestamp, checked. */
+/* Sorted position i's row, key, value, timestamp and headers section, checked. */
 static inline int
 row_get(Rows *r, Py_ssize_t i, const char **k, Py_ssize_t *klen, const char **v,
-        Py_ssize_t *vlen, long long *ts)
+        Py_ssize_t *vlen, long long *ts, const char **h, Py_ssize_t *hlen)
 {
     long long x = r->order ? r->order[i] : (long long)i;
     if (x < 0 || x >= r->n) {
@@ -1169,6 +1353,18 @@ row_get(Rows *r, Py_ssize_t i, const char **k, Py_ssize_t *klen, const char **v,
         ts_item(&r->ts, row, ts) < 0) {
         return -1;
     }
+    if (r->row_headers == NULL) {
+        *h = r->headers;
+        *hlen = r->headers_len;
+        return 0;
+    }
+    PyObject *o = r->row_headers[row];
+    if (!PyBytes_Check(o) || PyBytes_GET_SIZE(o) < 1 || PyBytes_GET_SIZE(o) > 0x7FFFFFFF) {
+        PyErr_SetString(PyExc_TypeError, "a row's headers must be a non-empty encoded section");
+        return -1;
+    }
+    *h = PyBytes_AS_STRING(o);
+    *hlen = PyBytes_GET_SIZE(o);
     return 0;
 }
 
@@ -1260,16 +1456,16 @@ plan_batches(PyObject *mod, PyObject *args)
             Py_ssize_t i = lo;
             long long size = 0, base = 0, top = 0;
             for (; i < end; i++) {
-                const char *kp, *vp;
-                Py_ssize_t k, v;
+                const char *kp, *vp, *hp;
+                Py_ssize_t k, v, h;
                 long long ts;
-                if (row_get(&r, i, &kp, &k, &vp, &v, &ts) < 0) {
+                if (row_get(&r, i, &kp, &k, &vp, &v, &ts, &hp, &h) < 0) {
                     goto fail;
                 }
                 if (i == lo) {
                     base = top = ts;
                 }
-                long long body = body_size(k, v, ts - base, (long long)(i - lo), r.headers_len);
+                long long body = body_size(k, v, ts - base, (long long)(i - lo), h);
                 if (body < 0) {
                     goto fail;
                 }
@@ -1331,14 +1527,14 @@ encode_records(PyObject *mod, PyObject *args)
     char *p = (char *)out.buf + offset;
     const char *stop = (const char *)out.buf + out.len;
     for (Py_ssize_t i = lo; i < hi; i++) {
-        const char *kp, *vp;
-        Py_ssize_t k, v;
+        const char *kp, *vp, *hp;
+        Py_ssize_t k, v, h;
         long long ts;
-        if (row_get(&r, i, &kp, &k, &vp, &v, &ts) < 0) {
+        if (row_get(&r, i, &kp, &k, &vp, &v, &ts, &hp, &h) < 0) {
             goto fail;
         }
         long long od = (long long)(i - lo);
-        long long body = body_size(k, v, ts - base, od, r.headers_len);
+        long long body = body_size(k, v, ts - base, od, h);
         if (body < 0) {
             goto fail;
         }
@@ -1360,8 +1556,8 @@ encode_records(PyObject *mod, PyObject *args)
             memcpy(p, vp, (size_t)v);
             p += v;
         }
-        memcpy(p, r.headers, (size_t)r.headers_len);
-        p += r.headers_len;
+        memcpy(p, hp, (size_t)h);
+        p += h;
     }
     Py_ssize_t end = p - (char *)out.buf;
     rows_release(&r);
@@ -1564,7 +1760,8 @@ PyInit__speedups(void)
         }
     }
     str_fast = PyUnicode_InternFromString("_fast");
-    if (str_fast == NULL) {
+    no_headers = PyBytes_FromStringAndSize("\0", 1);
+    if (str_fast == NULL || no_headers == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&speedups_module);

@@ -10,17 +10,20 @@ do the same in Python. The tests run both and compare them.
   :class:`shmprod.worker.staging.Stage` subclasses it.
 * :class:`FutureCore`: a record future's stage and row;
   :class:`shmprod.futures.RecordFuture` subclasses it.
-* :class:`Stager`: the common case of ``Worker.send`` (bytes or None key and value, no
-  headers, no explicit partition, the topic's one stage has room): stages the row and
-  returns its future; None when nothing was staged and the Python path must handle the
-  record.
+* :class:`Stager`: the common case of ``Worker.send`` (bytes or None key and value;
+  headers none, or a dict or list of (str, bytes | str | None) pairs, encoded here into
+  the row's section; no explicit partition; the topic's one stage has room): stages the
+  row and returns its future; None when nothing was staged and the Python path must
+  handle the record. A stage's first row with headers takes the Python path, which
+  makes the stage's list of sections.
 * :data:`SendMethod`: ``Worker.send`` as a method descriptor in C: when the Worker's
   ``_fast`` is its :class:`Stager` (open, no serializers) and the stager stages the row,
   no Python frame runs for the call; otherwise the Python method it wraps runs with the
   same arguments. C only (None without the extension: ``send`` is the Python method).
-* :func:`plan_batches`, :func:`encode_records`, :func:`staged_lengths`: rows without
-  per-row headers (a stage's lists, or ``send_batch``'s Arrow arrays, or the chunks of
-  the ``send_batch`` calls held together) cut into batches and each record written
+* :func:`plan_batches`, :func:`encode_records`, :func:`staged_lengths`: rows (a stage's
+  lists with their encoded headers sections, or ``send_batch``'s Arrow arrays with one
+  shared section, or the chunks of the ``send_batch`` calls held together) cut into
+  batches and each record written
   straight into its pool buffer, one copy of each key and value
   (:mod:`shmprod.worker.direct`). They exist in C only (None without the extension):
   without them the vectorised Arrow path (:mod:`shmprod.protocol.vectorized`) encodes
@@ -38,6 +41,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shmprod.native import load_speedups
+from shmprod.protocol.records import encode_headers
 
 __all__ = [
     "ACCELERATED",
@@ -58,7 +62,17 @@ _INT64_MAX = (1 << 63) - 1
 class _PyStageCore:
     """Python twin of ``shmprod._speedups.StageCore``."""
 
-    __slots__ = ("keys", "limit", "n", "nbytes", "plain", "timestamps", "values")
+    __slots__ = (
+        "header_max",
+        "headers",
+        "keys",
+        "limit",
+        "n",
+        "nbytes",
+        "plain",
+        "timestamps",
+        "values",
+    )
 
     values: list[bytes | None]
     keys: list[bytes | None]
@@ -67,6 +81,8 @@ class _PyStageCore:
     nbytes: int
     limit: int
     plain: bool
+    headers: list[bytes] | None
+    header_max: int
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
@@ -74,6 +90,8 @@ class _PyStageCore:
         self.nbytes = 0
         self.limit = 1 << 62
         self.plain = True
+        self.headers = None
+        self.header_max = 1
         return self
 
 
@@ -133,18 +151,27 @@ class _PyStager:
         partition: object,
         timestamp_ms: object,
     ) -> Any:
-        if headers is not None or partition is not None or type(topic) is not str:
+        if partition is not None or type(topic) is not str:
             return None
         if key is not None and type(key) is not bytes:
             return None
         if value is not None and type(value) is not bytes:
             return None
+        section = None
+        hlen = 1
+        if headers is not None:
+            section = header_section(headers)
+            if section is None:
+                return None
+            hlen = len(section)
+            if hlen <= 1:
+                section, hlen = None, 1
         klen = 0 if key is None else len(key)
         vlen = 0 if value is None else len(value)
-        bound = klen + vlen + 1 + self._overhead_max
+        bound = klen + vlen + hlen + self._overhead_max
         if bound > self._records_room or bound + self._header_size > self._max_request_size:
             return None
-        size = klen + vlen + 1 + self._staged_overhead
+        size = klen + vlen + hlen + self._staged_overhead
         if timestamp_ms is None:
             ts = _time_ns() // 1_000_000
         elif type(timestamp_ms) is int and 0 <= timestamp_ms <= _INT64_MAX:
@@ -162,9 +189,42 @@ class _PyStager:
                 return None
             if not stage.plain or stage.nbytes + size > stage.limit:
                 return None
+            sections = stage.headers
+            if section is not None and sections is None:
+                return None  # the stage's first row with headers: the Python path
+            if sections is not None:
+                sections.append(_NO_HEADERS if section is None else section)
+                stage.header_max = max(stage.header_max, hlen)
             return self._future_type(stage, append_row(stage, key, value, ts, size))
         finally:
             lock.release()
+
+
+_NO_HEADERS = b"\x00"
+
+
+def header_section(headers: object) -> bytes | None:
+    """The encoded headers section of a record sent with headers in the common form: a
+    dict, or a list or tuple of (key, value) pairs (2-tuples or 2-lists), key str, value
+    bytes, str or None. None for any other form, or what cannot be encoded: the Python
+    path of ``send()`` converts it or raises its typed error. The C stager decides
+    alike. Runs in: worker, no lock."""
+    if type(headers) is dict:
+        pairs: Any = list(headers.items())
+    elif type(headers) is list or type(headers) is tuple:
+        pairs = headers
+    else:
+        return None
+    for pair in pairs:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            return None
+        k, v = pair
+        if not isinstance(k, str) or not (v is None or isinstance(v, bytes | str)):
+            return None
+    try:
+        return encode_headers(pairs)
+    except Exception:  # a lone surrogate (not UTF-8): the Python path says so
+        return None
 
 
 def append_row(stage: Any, key: Any, value: Any, timestamp_ms: int, size: int) -> int:

@@ -68,7 +68,7 @@ __all__ = [
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 BinaryColumn = Any  # pa.Array | pa.ChunkedArray | np.ndarray | Sequence[bytes | None]
-HeadersArg = Sequence[Header] | Sequence[Sequence[Header]] | None
+HeadersArg = Sequence[Header] | Sequence[Sequence[Header]] | Sequence[bytes] | None
 TimestampsArg = npt.ArrayLike | None
 WritableBuffer = bytearray | memoryview
 
@@ -206,7 +206,8 @@ def _headers(headers: HeadersArg, n: int) -> tuple[bytes, pa.Array | None, I64 |
     """(shared headers section, per-row sections or None, their lengths or None).
 
     ``headers`` is either one list of (key, value) pairs for every record, or one such
-    list per row (detected by its items not being (str, ...) pairs) -- the slow path.
+    list per row (detected by its items not being (str, ...) pairs) -- the slow path --
+    or one encoded section (``bytes``) per row, as a stage of ``send()`` keeps them.
     """
     if not headers:
         return _records.encode_headers(()), None, None
@@ -214,7 +215,10 @@ def _headers(headers: HeadersArg, n: int) -> tuple[bytes, pa.Array | None, I64 |
         return _records.encode_headers(headers), None, None  # type: ignore[arg-type]
     if len(headers) != n:
         raise EncodeError(f"per-row headers: {len(headers)} lists for {n} rows")
-    sections = [_records.encode_headers(h) for h in headers]  # type: ignore[arg-type]
+    sections = [
+        h if isinstance(h, bytes) else _records.encode_headers(h)  # type: ignore[arg-type]
+        for h in headers
+    ]
     return b"", binary_array(sections), np.fromiter(map(len, sections), np.int64, n)
 
 

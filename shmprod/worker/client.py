@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -59,6 +58,7 @@ from shmprod.worker import bulk, shmstats
 from shmprod.worker.cause import cause_after_break, cause_from_header, cause_without_segment
 from shmprod.worker.core import _BUSY, CLOSED, CLOSING, FORKED, IO_MAX_SLEEP, OPEN, WorkerCore
 from shmprod.worker.inputs import (
+    NO_HEADERS,
     as_bytes,
     check_timestamp,
     encoded_headers,
@@ -297,8 +297,9 @@ class Worker(WorkerCore):
         """
         if self._state or self._fatal is not None:
             self._refuse()
-        # the common case (bytes or None key and value, no headers, no explicit
-        # partition, the topic's stage has room), in C where built: shmprod.speedups
+        # the common case (bytes or None key and value, headers none or str -> bytes
+        # pairs, no explicit partition, the topic's stage has room), in C where built:
+        # shmprod.speedups
         stager = self._stager
         if stager is not None:
             fut = stager(topic, value, key, headers, partition, timestamp_ms)
@@ -319,13 +320,12 @@ class Worker(WorkerCore):
                 )
             else:
                 vb = frozen(serialize(self._value_ser, value, "value"))
-            hlen = 1
-            pairs: list[Any] | None = None
+            section: bytes | None = None
             if headers is not None:
-                pairs = list(headers.items()) if isinstance(headers, Mapping) else headers
-                hlen = len(encoded_headers(pairs))  # checks them
-                if hlen <= 1:
-                    pairs = None
+                section = encoded_headers(headers)  # checks them
+                if len(section) <= 1:
+                    section = None
+            hlen = 1 if section is None else len(section)
             ts = _time_ns() // 1_000_000 if timestamp_ms is None else check_timestamp(timestamp_ms)
             if type(topic) is not str:
                 topic = validate_topic(topic)
@@ -333,10 +333,10 @@ class Worker(WorkerCore):
             vlen = 0 if vb is None else len(vb)
             bound = klen + vlen + hlen + RECORD_OVERHEAD_MAX
             if bound > self._records_room or bound + HEADER_SIZE > self._max_request_size:
-                self._check_size(record_size(0, 0, kb, vb, encoded_headers(pairs)))
+                self._check_size(record_size(0, 0, kb, vb, section or NO_HEADERS))
             size = klen + vlen + hlen + STAGED_OVERHEAD
             while True:
-                fut = self._stage_record(topic, kb, vb, pairs, hlen, ts, partition, size)
+                fut = self._stage_record(topic, kb, vb, section, ts, partition, size)
                 if fut is not None:
                     return fut
                 # the stage is full: flush it first (a full pool refuses this record:
@@ -360,8 +360,7 @@ class Worker(WorkerCore):
         topic: str,
         kb: Any,
         vb: Any,
-        pairs: list[Any] | None,
-        hlen: int,
+        section: bytes | None,
         ts: int,
         partition: int | None,
         size: int,
@@ -396,8 +395,8 @@ class Worker(WorkerCore):
                 stage.set_partition(row, p, size, self._batch_size)
             elif stage.partitions is not None:
                 stage.pad_partition()
-            if pairs is not None:
-                stage.set_headers(row, pairs, hlen)
+            if section is not None:
+                stage.set_headers(row, section)
             elif stage.headers is not None:
                 stage.pad_headers()
             return RecordFuture(stage, stage.append(kb, vb, ts, size))

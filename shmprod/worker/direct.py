@@ -10,9 +10,10 @@ into columns, reordering them by partition (Arrow ``take``) and encoding a recor
 section copied them four times (ARCHITECTURE.md, "Rows written straight into the
 pool"). With a codec the records go to a scratch section that the codec compresses.
 
-What cannot go this way (per-row headers; Arrow types other than binary and
-large_binary; no C extension) takes :mod:`shmprod.protocol.vectorized`, which encodes
-the same bytes.
+A stage's rows sent with headers carry their encoded sections (one per row, made at
+``send()``); ``send_batch`` rows share one section. What cannot go this way
+(``send_batch``'s per-row headers; Arrow types other than binary and large_binary; no
+C extension) takes :mod:`shmprod.protocol.vectorized`, which encodes the same bytes.
 
 Runs in: worker. The sources are the caller's: a stage taken for a flush is immutable,
 and ``send_batch`` holds its columns for the call.
@@ -57,19 +58,22 @@ class Source(NamedTuple):
     """What :func:`shmprod.speedups.encode_records` reads: values and keys (a list of
     ``bytes | None``, or an Arrow array's buffers; keys None: every key null),
     timestamps (a list, an int64 array, or one int) and the encoded headers section
-    every record carries."""
+    every record carries, or a list of one section per row."""
 
     values: Any
     keys: Any
     timestamps: Any
-    headers: bytes
+    headers: bytes | list[bytes]
 
 
 def staged_source(stage: Stage) -> Source | None:
-    """A stage's rows, or None when they cannot go directly (headers; no extension)."""
-    if speedups.plan_batches is None or stage.headers is not None:
+    """A stage's rows, or None when they cannot go directly (no extension)."""
+    if speedups.plan_batches is None:
         return None
-    return Source(stage.values, stage.keys, stage.timestamps, NO_HEADERS)
+    sections = stage.headers
+    return Source(
+        stage.values, stage.keys, stage.timestamps, NO_HEADERS if sections is None else sections
+    )
 
 
 def arrow_source(

@@ -3,12 +3,14 @@
 ``send()`` does the least it can per record: check the input, append the key, the value
 (immutable ``bytes`` or None) and the timestamp to three lists of this process's
 :class:`Stage` of the topic (no copy, no encoding, no partitioning, no shared memory),
-and return a :class:`~shmprod.futures.RecordFuture` that names the stage and the row.
-A stage is flushed -- partitioned as ``send_batch`` is (murmur2 of every key at once,
-one stable sort by partition), cut into whole Kafka batches and written record by
-record from the staged ``bytes`` straight into granted buffers by the C extension
-(:mod:`shmprod.worker.direct`; rows with headers, or no extension: each list joined into an
-Arrow column for ``send_batch``'s vectorized encoder), then handed to the sender -- when:
+and return a :class:`~shmprod.futures.RecordFuture` that names the stage and the row. A
+row sent with headers also gets its encoded headers section, in a fourth list the stage
+keeps once any row has headers. A stage is flushed -- partitioned as ``send_batch`` is
+(murmur2 of every key at once, one stable sort by partition), cut into whole Kafka
+batches and written record by record from the staged ``bytes`` straight into granted
+buffers by the C extension (:mod:`shmprod.worker.direct`; no extension: each list joined
+into an Arrow column for ``send_batch``'s vectorized encoder), then handed to the
+sender -- when:
 
 * it holds about ``batch_size`` bytes per partition of the topic (every partition's batch
   would be full if keys spread evenly), or ``batch_size`` bytes for one explicit
@@ -47,6 +49,7 @@ from shmprod import speedups
 from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, _call
 from shmprod.protocol.records import Header
 from shmprod.speedups import StageCore, append_row
+from shmprod.worker.inputs import NO_HEADERS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -78,8 +81,9 @@ class Stage(StageCore):
     """The staged records of one topic in one process (see the module docstring).
 
     The fields ``send()`` touches (``values``, ``keys``, ``timestamps``, ``n``,
-    ``nbytes``, ``limit``, ``plain``) are :class:`~shmprod.speedups.StageCore`'s, so the
-    C path of ``send()`` reaches them without attribute lookups."""
+    ``nbytes``, ``limit``, ``plain``, ``headers``, ``header_max``) are
+    :class:`~shmprod.speedups.StageCore`'s, so the C path of ``send()`` reaches them
+    without attribute lookups."""
 
     __slots__ = (
         "_callbacks",
@@ -89,8 +93,6 @@ class Stage(StageCore):
         "deadline_ns",
         "error",
         "flushed",
-        "header_max",
-        "headers",
         "outcomes",
         "partition_bytes",
         "partitions",
@@ -114,11 +116,12 @@ class Stage(StageCore):
         self.partitions: list[int] | None = None  # explicit partition per row, -1 none
         self.partition_bytes: dict[int, int] | None = None  # staged bytes per explicit one
         self.batch_size = 0
-        self.headers: list[list[Header]] | None = None  # per row, when any row has headers
+        # each row's encoded headers section, once any row has headers (b"\x00": none)
+        self.headers: list[bytes] | None = None
         self.header_max = 1  # largest encoded headers section of a row
         self.n = 0
         self.nbytes = 0  # key + value + header bytes staged
-        self.plain = True  # no row has an explicit partition or headers (the fast path)
+        self.plain = True  # no row has an explicit partition (the C path of send())
         # set once flushed (or failed before anything was handed over)
         self.flushed = False
         self.error: BaseException | None = None
@@ -160,16 +163,17 @@ class Stage(StageCore):
         if self.partitions is not None:
             self.partitions.append(-1)
 
-    def set_headers(self, row: int, headers: list[Header], encoded_size: int) -> None:
+    def set_headers(self, row: int, section: bytes) -> None:
+        """Row ``row`` carries the encoded headers section ``section``."""
         if self.headers is None:
-            self.headers = [[] for _ in range(row)]
-            self.plain = False
-        self.headers.append(headers)
-        self.header_max = max(self.header_max, encoded_size)
+            self.headers = [NO_HEADERS] * row
+        self.headers.append(section)
+        self.header_max = max(self.header_max, len(section))
 
     def pad_headers(self) -> None:
+        """Called for a row without headers once some row had them."""
         if self.headers is not None:
-            self.headers.append([])
+            self.headers.append(NO_HEADERS)
 
     # -- columns (worker, the stage taken for a flush) ---------------------------------
 
@@ -279,7 +283,8 @@ class Columns:
     values: pa.Array | pa.ChunkedArray  # chunked: held calls (worker.held), not joined
     keys: pa.Array | None
     timestamps: I64 | int  # one per row, or one for all
-    headers: list[Header] | list[list[Header]] | None  # shared list, per-row lists
+    # shared list, per-row lists, or per-row encoded sections (a stage's)
+    headers: list[Header] | list[list[Header]] | list[bytes] | None
     per_row_headers: bool
     header_bytes: int  # encoded headers section size (largest row when per row)
     row_bytes: I64  # value + key bytes per row (nulls count 0)

@@ -7,7 +7,8 @@ so the first linger's worth of records waited a quarter of a second more (p99 la
 a fresh worker at 2,000 records/s: 200 ms instead of 6 ms). Checked in a fresh
 interpreter, since the test process itself has pandas loaded.
 
-A process that only calls ``send()`` (no headers) stages and writes its records in C:
+A process that only calls ``send()`` (with or without headers) stages and writes its
+records in C:
 importing pyarrow would cost it about 17 MB of PSS (a spawned worker sending 20,000
 keyed records: 48 MB against 64-66 MB) and about 80 ms of imports (``python -X importtime``:
 pyarrow 34 ms, ``pyarrow.compute`` 46 ms more). The modules on that
@@ -71,14 +72,16 @@ _SEND_ONLY = textwrap.dedent(
     with Producer(bootstrap_servers=sys.argv[1], linger_ms=5) as p:
         w = attach(p.handle)
         futures = []
-        for i in range(300):  # keyed, null keys, explicit partitions and timestamps
+        for i in range(300):  # keyed, null keys, explicit partitions, timestamps, headers
+            headers = [("h", b"%d" % i)] if i % 4 == 0 else {"d": "x"} if i % 6 == 1 else None
             futures.append(w.send(sys.argv[2], b"v%d" % i, key=b"k%d" % i if i % 3 else None,
                                   partition=i % 4 if i % 5 == 0 else None,
-                                  timestamp_ms=1_700_000_000_000 + i if i % 7 == 0 else None))
+                                  timestamp_ms=1_700_000_000_000 + i if i % 7 == 0 else None,
+                                  headers=headers))
         w.flush(30)
         print("SENT", sum(1 for f in futures if f.result(30).offset >= 0))
         print("BEFORE", "pyarrow" in sys.modules)
-        w.send(sys.argv[2], b"with headers", headers=[("h", b"x")]).result(30)
+        w.send_batch(sys.argv[2], [b"a", b"b"]).result(30)
         print("AFTER", "pyarrow" in sys.modules)
         w.close()
     """
@@ -88,8 +91,7 @@ _SEND_ONLY = textwrap.dedent(
 def test_send_alone_never_imports_arrow(broker: EmbeddedBroker, topic_name: str) -> None:
     broker.create_topic(topic_name, 4)
     out = python_output(_SEND_ONLY, broker.bootstrap, topic_name)
-    # every record landed without Arrow; a send with headers (the vectorized
-    # encoder's case) then loads it, and works
+    # every record landed without Arrow; a send_batch then loads it, and works
     assert "SENT 300" in out and "BEFORE False" in out and "AFTER True" in out, out
 
 

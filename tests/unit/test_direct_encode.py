@@ -81,13 +81,20 @@ def _arrow(items: list[Any], large: bool, pad: int) -> pa.Array:
 @st.composite
 def sources(draw: Any) -> tuple[Source, list[Any], list[Any], list[int], list[Any]]:
     """A source in one of its forms, and the rows it holds (values, keys, timestamps,
-    headers of every record)."""
+    and each row's headers)."""
     values, keys, ts, order, ends = draw(rows())
     headers = draw(headers_st)
-    form = draw(st.sampled_from(["list", "arrow", "arrow-large", "chunks", "chunks-large"]))
+    form = draw(
+        st.sampled_from(["list", "list-rows", "arrow", "arrow-large", "chunks", "chunks-large"])
+    )
+    if form == "list-rows":  # a stage of send(): each row's own section
+        row_headers = [draw(headers_st) or [] for _ in values]
+        sections = [encode_headers(h) for h in row_headers]
+        return Source(values, keys, ts, sections), values, keys, ts, [order, ends, row_headers]
+    every = [headers or []] * len(values)
     if form == "list":
         source = Source(values, keys, ts, encode_headers(headers) if headers else b"\x00")
-        return source, values, keys, ts, [order, ends, headers or []]
+        return source, values, keys, ts, [order, ends, every]
     pad = draw(st.integers(0, 3))
     one_ts = draw(st.booleans())
     if one_ts:
@@ -111,14 +118,15 @@ def sources(draw: Any) -> tuple[Source, list[Any], list[Any], list[int], list[An
         headers,
     )
     assert got is not None
-    return got, values, keys, ts, [order, ends, headers or []]
+    return got, values, keys, ts, [order, ends, every]
 
 
 def _reference(
-    values: list[Any], keys: list[Any], ts: list[int], rows: list[int], base: int, headers: Any = ()
+    values: list[Any], keys: list[Any], ts: list[int], rows: list[int], base: int, headers: Any
 ) -> bytes:
+    """The batch of ``rows`` by the per-record encoder (``headers``: each row's)."""
     return encode_batch(
-        [NewRecord(keys[r], values[r], headers, ts[r]) for r in rows], base_timestamp_ms=base
+        [NewRecord(keys[r], values[r], headers[r], ts[r]) for r in rows], base_timestamp_ms=base
     )
 
 
@@ -176,7 +184,7 @@ def test_compressed_batches_decode_to_the_rows(case: Any) -> None:
         (decoded,) = decode_batches(bytes(buf[:end]))
         got = [(r.key, r.value, r.timestamp_ms, r.headers) for r in decoded.records]
         rows_ = sorted_rows[batch.lo : batch.lo + batch.record_count]
-        assert got == [(keys[r], values[r], ts[r], list(headers)) for r in rows_]
+        assert got == [(keys[r], values[r], ts[r], list(headers[r])) for r in rows_]
 
 
 @settings(max_examples=100, deadline=None)
@@ -191,17 +199,25 @@ def test_staged_lengths(case: Any) -> None:
     ]
 
 
-def test_plan_maps_partitions_and_stages_with_headers_stay_out() -> None:
+def test_plan_maps_partitions_and_stages_with_headers_carry_their_sections() -> None:
     values = [b"v%d" % i for i in range(6)]
     keys: list[bytes | None] = [None] * 6
     stage = _stage(values, keys, [5] * 6)
     source = staged_source(stage)
-    assert source is not None
+    assert source is not None and source.headers == b"\x00"
     order = np.array([1, 3, 5, 0, 2, 4], np.intp)
     todo = plan(source, order, [(7, 0, 3), (2, 3, 6)], 1 << 20)
     assert [(p, b.lo, b.record_count) for p, b in todo] == [(7, 0, 3), (2, 3, 3)]
-    stage.headers = [[] for _ in range(6)]
-    assert staged_source(stage) is None
+    stage.headers = [encode_headers([("h", b"%d" % i)]) if i % 2 else b"\x00" for i in range(6)]
+    source = staged_source(stage)
+    assert source is not None and source.headers is stage.headers
+    (_, batch), _ = plan(source, order, [(7, 0, 3), (2, 3, 6)], 1 << 20)
+    out = bytearray(HEADER_SIZE + batch.section_size)
+    batch.write_into(memoryview(out), 0)
+    (decoded,) = decode_batches(bytes(out))
+    assert [(r.value, r.headers) for r in decoded.records] == [
+        (b"v%d" % i, [("h", b"%d" % i)]) for i in (1, 3, 5)
+    ]
 
 
 def test_other_arrow_types_stay_out() -> None:
@@ -302,13 +318,19 @@ def test_a_buffer_too_small_is_an_error_not_an_overrun() -> None:
         (([b"a", b"b"], [None, None], [1, 1], None, [1], 10), ValueError),  # short
         (([b"a", b"b"], [None, None], [1, 1], None, [2, 1], 10), ValueError),
         (([b"a"], [None], [1], None, (1,), 10), TypeError),
+        # per-row headers: one non-empty bytes section per row
+        (([b"a"], [None], [1], None, [1], 10, [b"\x00", b"\x00"]), ValueError),
+        (([b"a"], [None], [1], None, [1], 10, [b""]), TypeError),
+        (([b"a"], [None], [1], None, [1], 10, [[("h", b"v")]]), TypeError),
+        (([b"a"], [None], [1], None, [1], 10, [None]), TypeError),
+        (([b"a"], [None], [1], None, [1], 10, b""), TypeError),
     ],
 )
 def test_bad_arguments_raise(args: tuple[Any, ...], error: type[Exception] | None) -> None:
     plan = speedups.plan_batches
     encode = speedups.encode_records
     assert plan is not None and encode is not None
-    values, keys, ts, order, _ends, _budget = args
+    values, keys, ts, order, _ends, _budget, *headers = args
     if error is None:
         plan(*args)
         return
@@ -317,7 +339,7 @@ def test_bad_arguments_raise(args: tuple[Any, ...], error: type[Exception] | Non
     one_row = isinstance(values, list) and isinstance(keys, list) and len(values) == len(keys) == 1
     if one_row and _ends == [1]:  # encode_records takes the same rows: the same error
         with pytest.raises(error):
-            encode(values, keys, ts, order, 0, 1, 0, bytearray(64), 0)
+            encode(values, keys, ts, order, 0, 1, 0, bytearray(64), 0, *headers)
 
 
 @pytest.mark.parametrize("bounds", [(-1, 1, 0), (0, 2, 0), (1, 0, 0), (0, 1, -1), (0, 1, 65)])

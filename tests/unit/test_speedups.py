@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+import tracemalloc
 import weakref
 from typing import Any
 
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmprod import speedups
+from shmprod.protocol.records import encode_headers
 from shmprod.speedups import _PyFutureCore, _PyStageCore, _PyStager
 
 if speedups.ACCELERATED:
@@ -67,16 +69,19 @@ KINDS = _kinds()
 IDS = ["python", "c"][: len(KINDS)]
 
 
-def _make(kind: Any, layout: list[tuple[bool, int, int]]) -> tuple[Any, dict[str, Any]]:
-    """A stager over topic "t" with stages per ``layout`` (plain, limit, nbytes)."""
+def _make(kind: Any, layout: list[tuple[Any, ...]]) -> tuple[Any, dict[str, Any]]:
+    """A stager over topic "t" with stages per ``layout`` (plain, limit, nbytes[, has a
+    list of headers sections])."""
     stage_t, fut_t, stager_t = kind
     stages: dict[str, list[Any]] = {}
     if layout:
         lst = []
-        for plain, limit, nbytes in layout:
+        for plain, limit, nbytes, *sections in layout:
             s = stage_t()
             s.values, s.keys, s.timestamps = [], [], []
             s.plain, s.limit, s.nbytes = plain, limit, nbytes
+            if sections and sections[0]:
+                s.headers = []
             lst.append(s)
         stages["t"] = lst
     lock = threading.Lock()
@@ -91,6 +96,13 @@ def _snapshot(state: dict[str, Any]) -> list[tuple[Any, ...]]:
     ]
 
 
+def _sections(state: dict[str, Any]) -> list[tuple[Any, int]]:
+    return [
+        (None if s.headers is None else list(s.headers), s.header_max)
+        for s in state["stages"].get("t", [])
+    ]
+
+
 _blob = st.one_of(
     st.none(),
     st.binary(max_size=1200),
@@ -98,11 +110,28 @@ _blob = st.one_of(
     st.text(max_size=4),
     st.integers(),
 )
+_header_value = st.one_of(
+    st.none(), st.binary(max_size=6), st.text(max_size=3), st.just(bytearray(b"b")), st.just(7)
+)
+_header_key = st.one_of(st.text(max_size=4), st.just("\ud800"), st.just(b"k"), st.just(3))
+_pair = st.one_of(
+    st.tuples(_header_key, _header_value),
+    st.tuples(_header_key, _header_value).map(list),
+    st.just(("a", b"b", b"c")),
+    st.just("ab"),
+)
+_headers = st.one_of(
+    st.none(),
+    st.lists(_pair, max_size=3),
+    st.lists(_pair, max_size=3).map(tuple),
+    st.dictionaries(st.text(max_size=3), _header_value, max_size=3),
+    st.just({"a": b"1"}.items()),
+)
 _call = st.tuples(
     st.sampled_from(["t", "u", b"t", None]),
     _blob,
     _blob,
-    st.sampled_from([None, [], [("h", b"v")]]),
+    _headers,
     st.sampled_from([None, 0, 3, -1]),
     st.one_of(
         st.none(),
@@ -111,7 +140,10 @@ _call = st.tuples(
         st.just(1.5),
     ),
 )
-_layout = st.lists(st.tuples(st.booleans(), st.integers(0, 3000), st.integers(0, 2000)), max_size=2)
+_layout = st.lists(
+    st.tuples(st.booleans(), st.integers(0, 3000), st.integers(0, 2000), st.booleans()),
+    max_size=2,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -134,7 +166,10 @@ def test_c_and_python_agree(calls: list[tuple[Any, ...]], layout: list[Any]) -> 
             assert len(values) == len(keys) == len(stamps) == n
         for _, _, stamps, _, _ in snap:
             assert all(type(t) is int and 0 <= t < 2**63 for t in stamps)
-        results.append((answers, [(v, k, n, b) for v, k, _, n, b in snap]))
+        sections = _sections(state)
+        for (sec, _), (_, _, _, n, _) in zip(sections, snap, strict=True):
+            assert sec is None or len(sec) == n
+        results.append((answers, [(v, k, n, b) for v, k, _, n, b in snap], sections))
     assert all(r == results[0] for r in results)
 
 
@@ -171,7 +206,7 @@ def test_records_of_one_millisecond_share_their_timestamp() -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ("t", b"v", b"k", [("h", b"")], None, None),  # headers
+        ("t", b"v", b"k", [("h", b"")], None, None),  # the stage's first row with headers
         ("t", b"v", b"k", None, 0, None),  # explicit partition
         ("u", b"v", b"k", None, None, None),  # no stage yet
         ("t", bytearray(b"v"), None, None, None, None),  # a mutable buffer: copied
@@ -186,6 +221,55 @@ def test_other_cases_stage_nothing(kind: Any, args: tuple[Any, ...]) -> None:
     stager, state = _make(kind, [(True, 10_000, 0)])
     assert stager(*args) is None
     assert _snapshot(state) == [([], [], [], 0, 0)]
+    assert not state["lock"].locked()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_headers_are_staged_as_their_encoded_section(kind: Any) -> None:
+    """Once a stage keeps sections (the Python path made the list at its first row with
+    headers), rows with headers in the common forms are staged with the section
+    ``encode_headers`` writes, and rows without headers with an empty one."""
+    stager, state = _make(kind, [(True, 10_000, 0, True)])
+    stage = state["stages"]["t"][0]
+    pairs = [("trace", b"\x01\x02"), ("schema", "v2"), ("none", None), ("", b"")]
+    calls: list[Any] = [
+        pairs,
+        tuple(pairs),
+        [list(p) for p in pairs],
+        dict(pairs),
+        None,
+        [],
+        {},
+    ]
+    for headers in calls:
+        assert stager("t", b"v", None, headers, None, None) is not None
+    want = encode_headers([("trace", b"\x01\x02"), ("schema", b"v2"), ("none", None), ("", b"")])
+    assert stage.headers == [want] * 4 + [b"\x00"] * 3
+    assert stage.header_max == len(want)
+    assert stage.nbytes == 4 * (1 + len(want) + STAGED) + 3 * (1 + 1 + STAGED)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("k", bytearray(b"v"))],  # another bytes-like: converted by the Python path
+        [("k", memoryview(b"v"))],
+        [(b"k", b"v")],  # bad key: a typed error there
+        [("k", 1)],
+        [("\ud800", b"v")],  # not UTF-8
+        [("k", "\ud800")],
+        [("k", b"v", b"x")],
+        ["kv"],
+        {"k": b"v"}.items(),
+        [("k", b"v" * ROOM)],  # too large for a batch
+    ],
+)
+def test_other_headers_stage_nothing(kind: Any, headers: Any) -> None:
+    stager, state = _make(kind, [(True, 10_000, 0, True)])
+    assert stager("t", b"v", None, headers, None, None) is None
+    assert _snapshot(state) == [([], [], [], 0, 0)]
+    assert _sections(state) == [([], 1)]
     assert not state["lock"].locked()
 
 
@@ -274,7 +358,8 @@ def test_c_checks_its_arguments() -> None:
 @pytest.mark.parametrize("kind", KINDS, ids=IDS)
 def test_rows_stay_aligned_under_threads(kind: Any) -> None:
     """Two threads stage while a third takes the stage away under the lock, as a flush
-    does: every row is in exactly one taken stage, with its key and timestamp."""
+    does: every row is in exactly one taken stage, with its key, timestamp and headers
+    section."""
     stage_t, fut_t, stager_t = kind
     lock = threading.Lock()
     stages: dict[str, list[Any]] = {}
@@ -282,7 +367,7 @@ def test_rows_stay_aligned_under_threads(kind: Any) -> None:
 
     def fresh() -> None:
         s = stage_t()
-        s.values, s.keys, s.timestamps = [], [], []
+        s.values, s.keys, s.timestamps, s.headers = [], [], [], []
         s.limit = 1 << 40
         stages["t"] = [s]
 
@@ -294,7 +379,7 @@ def test_rows_stay_aligned_under_threads(kind: Any) -> None:
     def send(i: int) -> None:
         for j in range(per_thread):
             v = b"%d:%d" % (i, j)
-            fut = stager("t", v, v, None, None, j)
+            fut = stager("t", v, v, [("h", v)] if j % 2 else None, None, j)
             assert fut is not None
             staged[i].append((fut._stage, fut._row, v))
 
@@ -319,14 +404,16 @@ def test_rows_stay_aligned_under_threads(kind: Any) -> None:
     taken.append(stages["t"])
     total = 0
     for (s,) in taken:
-        assert len(s.values) == len(s.keys) == len(s.timestamps) == s.n
+        assert len(s.values) == len(s.keys) == len(s.timestamps) == len(s.headers) == s.n
         assert s.values == s.keys
         total += s.n
     assert total == 2 * per_thread
     for rows in staged:
         for stage, row, v in rows:
             assert stage.values[row] == v
-            assert stage.timestamps[row] == int(v.split(b":")[1])
+            j = int(v.split(b":")[1])
+            assert stage.timestamps[row] == j
+            assert stage.headers[row] == (encode_headers([("h", v)]) if j % 2 else b"\x00")
 
 
 @pytest.mark.skipif(C is None, reason="the C extension is not in use")
@@ -345,6 +432,37 @@ def test_no_reference_is_leaked() -> None:
     stage.values, stage.keys, stage.timestamps = [], [], []
     assert (sys.getrefcount(value), sys.getrefcount(key)) == before
     assert sys.getrefcount(stamp) == stamp_refs
+
+
+@pytest.mark.skipif(C is None, reason="the C extension is not in use")
+def test_no_headers_section_or_reference_is_leaked() -> None:
+    """Headers are copied into the row's section; a section made for a row that is then
+    refused (too large, or the stage's first row with headers) is freed."""
+    hval, hkey = os.urandom(50), "k" + os.urandom(4).hex()
+    headers = [(hkey, hval), ("s", "text")]
+    before = [sys.getrefcount(x) for x in (headers, hval, hkey)]
+    stager, state = _make(KINDS[1], [(True, 1 << 40, 0, True)])
+    futs = [stager("t", b"v", None, headers, None, None) for _ in range(1000)]
+    assert all(f is not None for f in futs)
+    assert [sys.getrefcount(x) for x in (headers, hval, hkey)] == before
+    sections = state["stages"]["t"][0].headers
+    assert [sys.getrefcount(sections[i]) for i in range(3)] == [2, 2, 2]  # list, call
+    del futs, sections
+    bare, _ = _make(KINDS[1], [(True, 1 << 40, 0)])  # no list of sections yet
+    big = [("k", b"x" * ROOM)]
+    for _ in range(100):  # warm up
+        assert stager("t", b"v", None, big, None, None) is None
+        assert bare("t", b"v", None, headers, None, None) is None
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(5000):
+            stager("t", b"v", None, big, None, None)
+            bare("t", b"v", None, headers, None, None)
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, grown  # 5,000 sections of 1 KB each would be 5 MB
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=IDS)

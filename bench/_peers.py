@@ -49,6 +49,18 @@ def make_columns(
     return v, k
 
 
+HEADER_KINDS = ("shmprod send", "confluent-kafka produce", "kafka-python send")
+"""The kinds that take ``--headers`` (per-record calls, where each record carries its own)."""
+
+
+def header_lists(count: int, n: int, first: int = 0) -> list[list[tuple[str, bytes]]] | None:
+    """``count`` headers for each of ``n`` records (None when ``count`` is 0): key
+    ``h<j>``, an 8-byte value that differs per record (a sequence number or trace id)."""
+    if not count:
+        return None
+    return [[(f"h{j}", (first + i + j).to_bytes(8, "big")) for j in range(count)] for i in range(n)]
+
+
 def _lists(values: pa.Array, keys: pa.Array | None) -> tuple[list[bytes], list[bytes | None]]:
     vlist = values.to_pylist()
     klist = keys.to_pylist() if keys is not None else [None] * len(vlist)
@@ -89,6 +101,7 @@ def _shmprod_send(
     from shmprod import attach
 
     vlist, klist = _lists(values, keys)
+    hlist = header_lists(spec["headers"], len(vlist)) or [None] * len(vlist)
     w = attach(spec["handle"])
     topic = spec["topic"]
     w.send(topic, b"warm-up").result(60)  # every kind: one record acknowledged first
@@ -101,8 +114,8 @@ def _shmprod_send(
             for start in range(0, len(vlist), CHECK_EVERY):
                 end = min(start + CHECK_EVERY, len(vlist))
                 for i in range(start, end - 1):
-                    send(topic, vlist[i], key=klist[i])
-                last.append(send(topic, vlist[end - 1], key=klist[end - 1]))
+                    send(topic, vlist[i], key=klist[i], headers=hlist[i])
+                last.append(send(topic, vlist[end - 1], key=klist[end - 1], headers=hlist[end - 1]))
                 n = end
                 if time.perf_counter() > deadline:
                     break
@@ -215,6 +228,7 @@ def _confluent_produce(
     from confluent_kafka import Producer
 
     vlist, klist = _lists(values, keys)
+    hlist = header_lists(spec["headers"], len(vlist)) or [None] * len(vlist)
     p = Producer(_confluent_config(spec))
     p.produce(spec["topic"], b"warm-up")  # connected, metadata and producer id known
     if p.flush(60):
@@ -234,7 +248,9 @@ def _confluent_produce(
             for i in range(start, end):
                 while True:
                     try:
-                        produce(topic, vlist[i], klist[i], on_delivery=on_delivery)
+                        produce(
+                            topic, vlist[i], klist[i], on_delivery=on_delivery, headers=hlist[i]
+                        )
                         break
                     except BufferError:
                         p.poll(0.005)
@@ -295,6 +311,7 @@ def _kafka_python(
     from kafka import KafkaProducer
 
     vlist, klist = _lists(values, keys)
+    hlist = header_lists(spec["headers"], len(vlist)) or [None] * len(vlist)
     p = KafkaProducer(
         bootstrap_servers=spec["bootstrap"],
         acks="all",
@@ -312,7 +329,7 @@ def _kafka_python(
         for start in range(0, len(vlist), CHECK_EVERY):
             end = min(start + CHECK_EVERY, len(vlist))
             for i in range(start, end):
-                last = send(topic, value=vlist[i], key=klist[i])
+                last = send(topic, value=vlist[i], key=klist[i], headers=hlist[i])
             n = end
             if time.perf_counter() > deadline:
                 break

@@ -27,6 +27,9 @@ unless it holds exactly the records sent. Each worker stops at its share or afte
 ``--max-seconds`` (the slow clients would otherwise take minutes); the rate counts what
 was sent. Then send-to-acknowledgement latency, p50/p99, at a moderate fixed rate.
 
+``--headers N`` gives every record N headers with an 8-byte value that differs per record
+(the per-record kinds and the ceiling only).
+
 Runs of one row are interleaved (every kind once, then again), the median is reported
 with the lowest and highest run. Results: ``bench/results/suite.{json,md,png}``
 (``--quick``: ``suite-quick.*``). Run it alone: two cores are shared by the workers,
@@ -176,7 +179,7 @@ def measure(
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
         if kind == CEILING:
-            return _ceiling(broker.bootstrap, cell, cell["records"])
+            return _ceiling(broker.bootstrap, cell, cell["records"], args.headers)
         producer = None
         sender_pid = None
         spec: dict[str, Any] = {
@@ -190,6 +193,7 @@ def measure(
             "max_s": args.max_seconds,
             "tmpdir": tmp,
             "procs": procs,
+            "headers": args.headers,
         }
         if kind.startswith("shmprod"):
             producer = Producer(
@@ -274,7 +278,9 @@ IN_FLIGHT = 5
 PRODUCE_VERSION = 9
 
 
-def _ceiling(bootstrap: str, cell: dict[str, Any], records: int) -> dict[str, Any]:
+def _ceiling(
+    bootstrap: str, cell: dict[str, Any], records: int, headers: int = 0
+) -> dict[str, Any]:
     from shmprod.protocol.compression import LZ4, NONE
     from shmprod.protocol.messages.codec import decode_response, encode_produce_request
     from shmprod.protocol.messages.produce import (
@@ -285,18 +291,19 @@ def _ceiling(bootstrap: str, cell: dict[str, Any], records: int) -> dict[str, An
     )
     from shmprod.protocol.records import BatchSettings, NewRecord, encode_batch
 
-    size = cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0) + 10
+    size = cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0) + 10 + 12 * headers
     per_batch = max(1, BATCH_BYTES // size)
     codec = LZ4 if cell["compression"] == "lz4" else NONE
     values, keys = _peers.make_columns(7, per_batch * PARTITIONS, cell["value_size"], cell["keyed"])
     vlist = values.to_pylist()
     klist = keys.to_pylist() if keys is not None else [None] * len(vlist)
+    hlist = _peers.header_lists(headers, len(vlist)) or [[]] * len(vlist)
     now = int(time.time() * 1000)
     parts = []
     for p in range(PARTITIONS):
         rows = range(p * per_batch, (p + 1) * per_batch)
         batch = encode_batch(
-            [NewRecord(klist[i], vlist[i]) for i in rows],
+            [NewRecord(klist[i], vlist[i], hlist[i]) for i in rows],
             base_timestamp_ms=now,
             settings=BatchSettings(codec),
         )
@@ -470,6 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-seconds", type=float, default=None, help="a worker's send time cap (8)"
     )
+    parser.add_argument(
+        "--headers",
+        type=int,
+        default=0,
+        help="headers per record (8-byte values); only the per-record kinds and the ceiling",
+    )
     parser.add_argument("--latency-rate", type=int, default=2000)
     parser.add_argument("--out", default=None, help="results path prefix")
     args = parser.parse_args(argv)
@@ -486,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     for k in kinds:
         if k not in KINDS and k != CEILING:
             parser.error(f"unknown kind {k!r}: one of {[*KINDS, CEILING]}")
+        if args.headers and k not in (*_peers.HEADER_KINDS, CEILING):
+            parser.error(
+                f"--headers: kind {k!r} does not take them; use --kinds with {_peers.HEADER_KINDS}"
+            )
     # MB of keys and values per run: enough for a steady rate, under the ~300 MB that
     # slows the broker down (see the broker notes)
     args.mb = 100
@@ -587,6 +604,7 @@ def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
         "quick": args.quick,
         "repeat": args.repeat,
         "max_seconds": args.max_seconds,
+        "headers": args.headers,
         "partitions": PARTITIONS,
         "linger_ms": LINGER_MS,
         "python": sys.version.split()[0],
@@ -640,7 +658,14 @@ def _markdown(
             f"{PARTITIONS} partitions, acks=all, idempotence on, linger {LINGER_MS} ms, a fresh "
             f"embedded broker (tansu) per run; every run read back and counted. Median of "
             f"{meta['repeat']} interleaved run(s) per row; low-high is the spread of records/s. "
-            f"A worker stops after {meta['max_seconds']:.0f} s. Took {meta['elapsed_s'] / 60:.0f} min.\n\n"
+            f"A worker stops after {meta['max_seconds']:.0f} s. Took {meta['elapsed_s'] / 60:.0f} min."
+            + (
+                f" Every record carries {meta['headers']} header(s) of an 8-byte value that "
+                "differs per record (not counted in MB/s or CPU per GB)."
+                if meta.get("headers")
+                else ""
+            )
+            + "\n\n"
             "Columns: records/s; vs confluent = ratio to `confluent-kafka produce` with the same "
             "processes; of ceiling = fraction of pre-encoded requests replayed over one socket; "
             "CPU s/GB of keys+values (workers + sender, all threads); peak MB = PSS of workers + "

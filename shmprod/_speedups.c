@@ -909,6 +909,34 @@ header_section(PyObject *headers)
     return out;
 }
 
+/* header_sections(rows) -> list: each row's encoded headers section, for send_batch's
+ * per-row headers (rows: a list, one headers dict or list of pairs per row, None for
+ * none). An item is None where the row is not in a common form (header_section): the
+ * Python path encodes that row, or raises its typed error. Runs in: worker, no lock. */
+static PyObject *
+header_sections(PyObject *mod, PyObject *rows)
+{
+    if (!PyList_Check(rows)) {
+        PyErr_SetString(PyExc_TypeError, "header_sections takes a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        PyObject *section = row == Py_None ? Py_NewRef(no_headers) : header_section(row);
+        if (section == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, section);
+    }
+    return out;
+}
+
 enum { COL_NULL, COL_LIST, COL_ARROW, COL_CHUNKS };
 
 typedef struct Col Col;
@@ -1725,6 +1753,9 @@ static PyMethodDef speedups_methods[] = {
     {"murmur2_partitions", murmur2_partitions, METH_VARARGS,
      "murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: "
      "null) into an int32 buffer."},
+    {"header_sections", header_sections, METH_O,
+     "header_sections(rows) -> [bytes | None]: each row's encoded headers section (None: "
+     "not a common form)."},
     {"crc32c_patch", crc32c_patch, METH_VARARGS,
      "crc32c_patch(crc, delta, tail) -> the CRC-32C after xoring delta into the covered "
      "bytes that are followed by tail unchanged bytes."},

@@ -51,6 +51,7 @@ __all__ = [
     "Stager",
     "append_row",
     "encode_records",
+    "header_sections",
     "plan_batches",
     "staged_lengths",
 ]
@@ -267,3 +268,8 @@ staged_lengths: Callable[..., None] | None = None if _C is None else _C.staged_l
 #: murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: null
 #: key) into an int32 buffer; keys: a list of bytes | None or Arrow binary buffers
 murmur2_partitions: Callable[..., None] | None = None if _C is None else _C.murmur2_partitions
+#: header_sections(rows): each row's encoded headers section, None where a row is not in
+#: a common form (the Python path encodes it or raises); rows: a list, None for none
+header_sections: Callable[[list[Any]], list[bytes | None]] | None = (
+    None if _C is None else _C.header_sections
+)

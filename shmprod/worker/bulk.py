@@ -123,7 +123,8 @@ def _is_pair(item: object) -> bool:
 
 
 def _headers(headers: Any, n: int) -> tuple[Any, bool, int]:
-    """(headers for the encoder, per row?, encoded size bound)."""
+    """(headers for the encoder, per row?, encoded size bound): one list of pairs shared
+    by every row, or each row's encoded section."""
     if headers is None:
         return None, False, 1
     if isinstance(headers, Mapping):
@@ -139,13 +140,17 @@ def _headers(headers: Any, n: int) -> tuple[Any, bool, int]:
         return list(headers), False, len(encoded_headers(list(headers)))
     if len(headers) != n:
         raise InvalidRecordError(f"per-row headers: {len(headers)} lists for {n} rows")
-    rows: list[list[Header]] = []
-    largest = 1
-    for h in headers:  # the slow path: one Python call per row
-        items = list(h.items()) if isinstance(h, Mapping) else h
-        largest = max(largest, len(encoded_headers(items)))
-        rows.append(list(items) if items is not None else [])
-    return rows, True, largest
+    # each row's encoded section: in C for the common forms, in Python for the rest
+    # (which converts them or raises the typed error)
+    rows = list(headers)
+    encode = speedups.header_sections
+    sections: list[bytes | None] = [None] * n if encode is None else encode(rows)
+    for i, section in enumerate(sections):
+        if section is None:
+            h = rows[i]
+            sections[i] = encoded_headers(list(h.items()) if isinstance(h, Mapping) else h)
+    done = cast("list[bytes]", sections)
+    return done, True, max(map(len, done), default=1)
 
 
 def prepare_columns(
@@ -526,14 +531,20 @@ def _write(
     over share one failed outcome at the end. Runs in: worker, holding the flush turn,
     state lock NOT held."""
     budget = port.batch_size - HEADER_SIZE
-    if not cols.per_row_headers:  # straight from the Arrow buffers (worker.direct)
-        shared = cast("list[Header] | None", cols.headers)
-        source = arrow_source(cols.values, cols.keys, cols.timestamps, shared)
-        if source is not None:
-            order, ranges = _order(parts)
-            todo = direct_plan(source, order, ranges, budget)
-            outcomes, counts = _hand(port, entry, slots, todo, len(todo), cols.n, hook, created_ns)
-            return order, outcomes, counts
+    # straight from the Arrow buffers (worker.direct), with one shared headers list or
+    # each row's encoded section
+    source = arrow_source(
+        cols.values,
+        cols.keys,
+        cols.timestamps,
+        None if cols.per_row_headers else cast("list[Header] | None", cols.headers),
+        cast("list[bytes]", cols.headers) if cols.per_row_headers else None,
+    )
+    if source is not None:
+        order, ranges = _order(parts)
+        todo = direct_plan(source, order, ranges, budget)
+        outcomes, counts = _hand(port, entry, slots, todo, len(todo), cols.n, hook, created_ns)
+        return order, outcomes, counts
     if isinstance(cols.values, pa.ChunkedArray):  # the encoder below reads one array
         cols.values = join_binary(cols.values.chunks)
     group = _group(cols, parts)

@@ -10,10 +10,11 @@ into columns, reordering them by partition (Arrow ``take``) and encoding a recor
 section copied them four times (ARCHITECTURE.md, "Rows written straight into the
 pool"). With a codec the records go to a scratch section that the codec compresses.
 
-A stage's rows sent with headers carry their encoded sections (one per row, made at
-``send()``); ``send_batch`` rows share one section. What cannot go this way
-(``send_batch``'s per-row headers; Arrow types other than binary and large_binary; no
-C extension) takes :mod:`shmprod.protocol.vectorized`, which encodes the same bytes.
+Rows with their own headers carry their encoded sections (one per row: made at
+``send()``, or by ``send_batch`` for its per-row headers); otherwise every row of a call
+shares one section. What cannot go this way (Arrow types other than binary and
+large_binary; no C extension) takes :mod:`shmprod.protocol.vectorized`, which encodes
+the same bytes.
 
 Runs in: worker. The sources are the caller's: a stage taken for a flush is immutable,
 and ``send_batch`` holds its columns for the call.
@@ -81,11 +82,12 @@ def arrow_source(
     keys: pa.Array | None,
     timestamps: npt.NDArray[np.int64] | int,
     headers: list[Header] | None,
+    sections: list[bytes] | None = None,
 ) -> Source | None:
-    """``send_batch``'s checked columns (one headers list shared by every row, or None),
-    or None when they cannot go directly (another Arrow type; no extension). Values in
-    chunks (held calls) are read where they are: the extension takes a 1-tuple of the
-    chunks' buffers."""
+    """``send_batch``'s checked columns (one headers list shared by every row, or None;
+    or ``sections``, each row's encoded headers section), or None when they cannot go
+    directly (another Arrow type; no extension). Values in chunks (held calls) are read
+    where they are: the extension takes a 1-tuple of the chunks' buffers."""
     if speedups.plan_batches is None:
         return None
     vals: Any
@@ -100,6 +102,8 @@ def arrow_source(
     ts: Any = timestamps
     if not isinstance(ts, int):
         ts = np.ascontiguousarray(ts, np.int64)
+    if sections is not None:
+        return Source(vals, ks, ts, sections)
     section = encode_headers(headers) if headers else NO_HEADERS
     return Source(vals, ks, ts, section)
 

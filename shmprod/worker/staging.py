@@ -283,8 +283,8 @@ class Columns:
     values: pa.Array | pa.ChunkedArray  # chunked: held calls (worker.held), not joined
     keys: pa.Array | None
     timestamps: I64 | int  # one per row, or one for all
-    # shared list, per-row lists, or per-row encoded sections (a stage's)
-    headers: list[Header] | list[list[Header]] | list[bytes] | None
+    # one list shared by every row, or each row's encoded section
+    headers: list[Header] | list[bytes] | None
     per_row_headers: bool
     header_bytes: int  # encoded headers section size (largest row when per row)
     row_bytes: I64  # value + key bytes per row (nulls count 0)

@@ -550,3 +550,23 @@ def test_send_method_stages_the_common_case_and_hands_the_rest_to_python() -> No
     assert W.send.__name__ == "slow"
     with pytest.raises(TypeError):
         C.SendMethod(42)
+
+
+@pytest.mark.skipif(C is None, reason="the C extension is not in use")
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.one_of(st.none(), _headers), max_size=8))
+def test_header_sections_are_the_stagers_sections(rows: list[Any]) -> None:
+    """send_batch's per-row sections: the bytes encode_headers writes for a common form,
+    None for any other (the Python path then encodes or refuses that row), as the
+    stager decides for one record."""
+    got = C.header_sections(rows)
+    assert len(got) == len(rows)
+    for row, section in zip(rows, got, strict=True):
+        want = b"\x00" if row is None else speedups.header_section(row)
+        assert section == want
+
+
+@pytest.mark.skipif(C is None, reason="the C extension is not in use")
+def test_header_sections_takes_a_list() -> None:
+    with pytest.raises(TypeError):
+        C.header_sections((None,))

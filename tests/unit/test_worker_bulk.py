@@ -5,6 +5,7 @@ ordering with send(), typed errors with nothing written, and partial failures.""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -115,6 +116,29 @@ def test_headers_shared_and_per_row(fake: FakeSender, w: Worker) -> None:
     assert landed_rows(fake, md)[0].headers == [("d", b"v")]
 
 
+def test_per_row_headers_of_every_form_land_with_their_rows(fake: FakeSender, w: Worker) -> None:
+    """Each row's section is encoded in C for the common forms and in Python for the
+    rest; rows sorted by partition keep their own headers."""
+    forms: list[tuple[Any, list[tuple[str, bytes | None]]]] = [
+        (None, []),
+        ([], []),
+        ({"d": "é", "n": None}, [("d", "é".encode()), ("n", None)]),
+        ((("t", b"x"),), [("t", b"x")]),
+        ([["l", b"y"]], [("l", b"y")]),
+        ([("b", bytearray(b"ba"))], [("b", b"ba")]),  # the Python path's
+        ([("m", memoryview(b"mv"))], [("m", b"mv")]),
+    ]
+    n = 300
+    headers = [forms[i % len(forms)][0] for i in range(n)]
+    headers[1] = [("row", b"1")]  # not every row alike: per-row headers
+    want = [forms[i % len(forms)][1] for i in range(n)]
+    want[1] = [("row", b"1")]
+    keys = [b"k%d" % (i % 17) for i in range(n)]
+    md = w.send_batch("events", [b"v%d" % i for i in range(n)], keys=keys, headers=headers)
+    rows = landed_rows(fake, md.result(5))
+    assert [(r.value, r.headers) for r in rows] == [(b"v%d" % i, want[i]) for i in range(n)]
+
+
 @pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd", "snappy"])
 def test_bulk_compression(codec: str) -> None:
     with FakeSender(compression_type=codec) as fake, attach(fake.handle) as w:
@@ -151,6 +175,10 @@ BAD = [
     ({"timestamps_ms": -1}, InvalidRecordError),
     ({"headers": [[("a", b"1")]]}, InvalidRecordError),
     ({"headers": [("a", 1.5)]}, InvalidRecordError),
+    ({"headers": [[("a", b"1")], [(1, b"x")]]}, InvalidRecordError),  # per row: a bad key
+    ({"headers": [[("a", b"1")], [("\ud800", b"x")]]}, InvalidRecordError),  # not UTF-8
+    ({"headers": [[("a", b"1")], [("b", 2)]]}, InvalidRecordError),
+    ({"headers": [[("a", b"1")], 5]}, InvalidRecordError),
     ({"values": np.array([1, 2])}, InvalidRecordError),
     ({"values": "ab"}, InvalidRecordError),  # a str is not a column
     ({"keys": np.array([42, 300])}, InvalidRecordError),

@@ -89,6 +89,49 @@ def test_a_table_with_key_timestamp_and_headers(broker: EmbeddedBroker, topic_na
     )
 
 
+def test_a_headers_column_gives_each_record_its_own(
+    broker: EmbeddedBroker, topic_name: str
+) -> None:
+    """A list<struct<key, value>> column: each row's headers, none for a null or empty
+    list, string values as UTF-8, null values as null."""
+    broker.create_topic(topic_name, 3)
+    n = 3_000
+    hdr_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))
+
+    def row_headers(i: int) -> list[dict[str, str | None]] | None:
+        if i % 5 == 0:
+            return None
+        return [{"key": "i", "value": str(i)}, {"key": "n", "value": None}][: i % 3]
+
+    t = pa.table(
+        {
+            "payload": pa.array([b"p%d" % i for i in range(n)], pa.binary()),
+            "user": pa.array([f"u{i % 7}" for i in range(n)]),
+            "tags": pa.array([row_headers(i) for i in range(n)], hdr_type),
+        }
+    )
+    report = shmprod.export(
+        t,
+        topic_name,
+        bootstrap_servers=broker.bootstrap,
+        key="user",
+        value="payload",
+        headers="tags",
+        workers=2,
+        progress=False,
+    )
+    assert report.ok and report.records == n
+    got = records(broker.bootstrap, topic_name, 3, n)
+    assert len(got) == n
+    for r in got:
+        i = int(r.value[1:])
+        want = tuple(
+            (h["key"], None if h["value"] is None else h["value"].encode())
+            for h in row_headers(i) or ()
+        )
+        assert r.headers == want, i
+
+
 def test_a_pandas_dataframe_as_json_rows(broker: EmbeddedBroker, topic_name: str) -> None:
     pd = pytest.importorskip("pandas")
     broker.create_topic(topic_name, 2)

@@ -6,15 +6,16 @@
  *
  *   StageCore   the fields of a Stage that send() touches: the three row lists (values,
  *               keys, timestamps), the row count n, the staged bytes nbytes, the flush
- *               limit and the plain flag. shmprod.worker.staging.Stage subclasses it.
+ *               limit, and each row's headers section and explicit partition once a
+ *               row has them. shmprod.worker.staging.Stage subclasses it.
  *   FutureCore  a RecordFuture's stage and row. shmprod.futures.RecordFuture
  *               subclasses it.
  *   Stager      the common case of Worker.send(): bytes or None key and value, headers
  *               none or a dict / list of (str, bytes | str | None) pairs (encoded
- *               here into the row's section), no explicit partition, the topic's one
- *               stage has room. It appends the row under the Worker's state lock and
- *               returns the record's future, or returns None (nothing staged) so that
- *               the Python path handles the record.
+ *               here into the row's section), no partition or one the stage knows,
+ *               the topic's one stage has room. It appends the row under the Worker's
+ *               state lock and returns the record's future, or returns None (nothing
+ *               staged) so that the Python path handles the record.
  *
  * Why (measured, ARCHITECTURE.md "The per-record path"): the same steps in Python cost
  * about 1.1 us of the caller's CPU per record; here they cost about a quarter of that,
@@ -52,9 +53,13 @@ typedef struct {
     Py_ssize_t n;         /* rows staged */
     Py_ssize_t nbytes;    /* key + value + header bytes staged (with overhead) */
     long long limit;      /* nbytes at which the stage is flushed */
-    char plain;           /* no row has an explicit partition */
     PyObject *headers;    /* NULL (None) or a list: each row's encoded headers section */
     Py_ssize_t header_max; /* the largest of those sections (1: none) */
+    PyObject *partitions; /* NULL (None) or a list: each row's explicit partition, -1 none */
+    PyObject *part_bytes; /* NULL (None) or a bytearray: bytes staged per explicit
+                             partition, one native int64 each, for every partition the
+                             topic had (a partition past its end: the Python path) */
+    Py_ssize_t batch_size; /* what one explicit partition's rows may stage */
 } StageCore;
 
 static int
@@ -64,6 +69,8 @@ stage_traverse(StageCore *self, visitproc visit, void *arg)
     Py_VISIT(self->keys);
     Py_VISIT(self->timestamps);
     Py_VISIT(self->headers);
+    Py_VISIT(self->partitions);
+    Py_VISIT(self->part_bytes);
     return 0;
 }
 
@@ -74,6 +81,8 @@ stage_clear(StageCore *self)
     Py_CLEAR(self->keys);
     Py_CLEAR(self->timestamps);
     Py_CLEAR(self->headers);
+    Py_CLEAR(self->partitions);
+    Py_CLEAR(self->part_bytes);
     return 0;
 }
 
@@ -90,7 +99,6 @@ stage_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     StageCore *self = (StageCore *)type->tp_alloc(type, 0);
     if (self != NULL) {
-        self->plain = 1;
         self->limit = (long long)1 << 62;
         self->header_max = 1;
     }
@@ -104,11 +112,16 @@ static PyMemberDef stage_members[] = {
     {"n", T_PYSSIZET, offsetof(StageCore, n), 0, "rows staged"},
     {"nbytes", T_PYSSIZET, offsetof(StageCore, nbytes), 0, "bytes staged"},
     {"limit", T_LONGLONG, offsetof(StageCore, limit), 0, "bytes at which it is flushed"},
-    {"plain", T_BOOL, offsetof(StageCore, plain), 0, "no row has an explicit partition"},
     {"headers", T_OBJECT, offsetof(StageCore, headers), 0,
      "None, or each row's encoded headers section (a list of bytes)"},
     {"header_max", T_PYSSIZET, offsetof(StageCore, header_max), 0,
      "the largest encoded headers section of a row (1: none)"},
+    {"partitions", T_OBJECT, offsetof(StageCore, partitions), 0,
+     "None, or each row's explicit partition (-1: none)"},
+    {"part_bytes", T_OBJECT, offsetof(StageCore, part_bytes), 0,
+     "None, or a bytearray of the bytes staged per explicit partition (native int64)"},
+    {"batch_size", T_PYSSIZET, offsetof(StageCore, batch_size), 0,
+     "what one explicit partition's rows may stage"},
     {NULL},
 };
 
@@ -288,6 +301,7 @@ unlock(Stager *self)
 static PyObject *stage_row(Stager *self, PyObject *const *args);
 static PyObject *header_section(PyObject *headers);
 static PyObject *no_headers; /* b"\x00": a record without headers */
+static PyObject *no_partition; /* -1: a row without an explicit partition */
 
 static PyObject *
 stager_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -307,8 +321,19 @@ stage_row(Stager *self, PyObject *const *args)
 {
     PyObject *topic = args[0], *value = args[1], *key = args[2];
     PyObject *headers = args[3], *partition = args[4], *ts_arg = args[5];
-    if (partition != Py_None || !PyUnicode_CheckExact(topic)) {
+    if (!PyUnicode_CheckExact(topic)) {
         Py_RETURN_NONE;
+    }
+    long long part = -1; /* the explicit partition, -1: none */
+    if (partition != Py_None) {
+        int overflow = 0;
+        if (!PyLong_CheckExact(partition)) {
+            Py_RETURN_NONE;
+        }
+        part = PyLong_AsLongLongAndOverflow(partition, &overflow);
+        if (overflow != 0 || part < 0) {
+            Py_RETURN_NONE; /* out of range: the Python path raises */
+        }
     }
     Py_ssize_t klen = 0, vlen = 0;
     if (key != Py_None) {
@@ -439,11 +464,36 @@ stage_row(Stager *self, PyObject *const *args)
         goto done;
     }
     StageCore *st = (StageCore *)item;
-    if (!st->plain || (long long)(st->nbytes + size) > st->limit || st->values == NULL ||
+    if ((long long)(st->nbytes + size) > st->limit || st->values == NULL ||
         st->keys == NULL || st->timestamps == NULL || !PyList_CheckExact(st->values) ||
         !PyList_CheckExact(st->keys) || !PyList_CheckExact(st->timestamps)) {
-        result = Py_NewRef(Py_None); /* full, or not plain: the Python path */
+        result = Py_NewRef(Py_None); /* full: the Python path flushes it */
         goto done;
+    }
+    /* an explicit partition: the stage's first one (the Python path makes the list), a
+       partition past what the stage knows (the Python path checks it against the
+       topic), or a partition whose batch has no room (the Python path flushes) */
+    PyObject *plist =
+        (st->partitions != NULL && st->partitions != Py_None) ? st->partitions : NULL;
+    char *used_at = NULL;
+    long long used = 0;
+    if (plist != NULL && !PyList_CheckExact(plist)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (part >= 0) {
+        PyObject *pb = st->part_bytes;
+        if (plist == NULL || pb == NULL || !PyByteArray_CheckExact(pb) ||
+            part >= PyByteArray_GET_SIZE(pb) / 8) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        used_at = PyByteArray_AS_STRING(pb) + 8 * part;
+        memcpy(&used, used_at, 8);
+        if (used != 0 && (long long)st->batch_size - used < size) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
     }
     /* the stage's first row with headers: the Python path makes its list of sections
        (an allocation here could collect garbage and run Python code) */
@@ -455,17 +505,20 @@ stage_row(Stager *self, PyObject *const *args)
     if (hlist != NULL && PyList_Append(hlist, section != NULL ? section : no_headers) < 0) {
         goto done;
     }
-    if (PyList_Append(st->values, value) < 0) {
+    if (plist != NULL && PyList_Append(plist, part >= 0 ? partition : no_partition) < 0) {
         goto undo_headers;
+    }
+    if (PyList_Append(st->values, value) < 0) {
+        goto undo_partitions;
     }
     if (PyList_Append(st->keys, key) < 0) {
         drop_last(st->values);
-        goto undo_headers;
+        goto undo_partitions;
     }
     if (PyList_Append(st->timestamps, ts) < 0) {
         drop_last(st->values);
         drop_last(st->keys);
-        goto undo_headers;
+        goto undo_partitions;
     }
     fut->stage = Py_NewRef(item);
     fut->row = st->n;
@@ -474,8 +527,16 @@ stage_row(Stager *self, PyObject *const *args)
     if (hlen > st->header_max) {
         st->header_max = hlen;
     }
+    if (used_at != NULL) {
+        used += size;
+        memcpy(used_at, &used, 8);
+    }
     result = (PyObject *)Py_NewRef(fut);
     goto done;
+undo_partitions:
+    if (plist != NULL) {
+        drop_last(plist);
+    }
 undo_headers:
     if (hlist != NULL) {
         drop_last(hlist);
@@ -1792,7 +1853,8 @@ PyInit__speedups(void)
     }
     str_fast = PyUnicode_InternFromString("_fast");
     no_headers = PyBytes_FromStringAndSize("\0", 1);
-    if (str_fast == NULL || no_headers == NULL) {
+    no_partition = PyLong_FromLong(-1);
+    if (str_fast == NULL || no_headers == NULL || no_partition == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&speedups_module);

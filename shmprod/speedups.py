@@ -12,10 +12,11 @@ do the same in Python. The tests run both and compare them.
   :class:`shmprod.futures.RecordFuture` subclasses it.
 * :class:`Stager`: the common case of ``Worker.send`` (bytes or None key and value;
   headers none, or a dict or list of (str, bytes | str | None) pairs, encoded here into
-  the row's section; no explicit partition; the topic's one stage has room): stages the
-  row and returns its future; None when nothing was staged and the Python path must
-  handle the record. A stage's first row with headers takes the Python path, which
-  makes the stage's list of sections.
+  the row's section; no partition, or one the stage knows whose batch has room; the
+  topic's one stage has room): stages the row and returns its future; None when nothing
+  was staged and the Python path must handle the record. A stage's first row with
+  headers, and its first with an explicit partition, take the Python path, which makes
+  the stage's list of sections or of partitions.
 * :data:`SendMethod`: ``Worker.send`` as a method descriptor in C: when the Worker's
   ``_fast`` is its :class:`Stager` (open, no serializers) and the stager stages the row,
   no Python frame runs for the call; otherwise the Python method it wraps runs with the
@@ -35,6 +36,7 @@ Runs in: worker. ``Stager`` takes the Worker's state lock when another thread ho
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -64,13 +66,15 @@ class _PyStageCore:
     """Python twin of ``shmprod._speedups.StageCore``."""
 
     __slots__ = (
+        "batch_size",
         "header_max",
         "headers",
         "keys",
         "limit",
         "n",
         "nbytes",
-        "plain",
+        "part_bytes",
+        "partitions",
         "timestamps",
         "values",
     )
@@ -81,18 +85,22 @@ class _PyStageCore:
     n: int
     nbytes: int
     limit: int
-    plain: bool
     headers: list[bytes] | None
     header_max: int
+    partitions: list[int] | None
+    part_bytes: bytearray | None
+    batch_size: int
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
         self.n = 0
         self.nbytes = 0
         self.limit = 1 << 62
-        self.plain = True
         self.headers = None
         self.header_max = 1
+        self.partitions = None
+        self.part_bytes = None
+        self.batch_size = 0
         return self
 
 
@@ -152,8 +160,13 @@ class _PyStager:
         partition: object,
         timestamp_ms: object,
     ) -> Any:
-        if partition is not None or type(topic) is not str:
+        if type(topic) is not str:
             return None
+        part = -1
+        if partition is not None:
+            if type(partition) is not int or not 0 <= partition <= _INT64_MAX:
+                return None
+            part = partition
         if key is not None and type(key) is not bytes:
             return None
         if value is not None and type(value) is not bytes:
@@ -188,20 +201,36 @@ class _PyStager:
             stage = stages[0]
             if not isinstance(stage, _PyStageCore):  # held send_batch calls
                 return None
-            if not stage.plain or stage.nbytes + size > stage.limit:
+            if stage.nbytes + size > stage.limit:
                 return None
             sections = stage.headers
             if section is not None and sections is None:
                 return None  # the stage's first row with headers: the Python path
+            parts = stage.partitions
+            pb = stage.part_bytes
+            used = 0
+            if part >= 0:
+                # the stage's first explicit partition, one past what it knows, or one
+                # whose batch is full: the Python path
+                if parts is None or pb is None or part >= len(pb) // 8:
+                    return None
+                used = _I64.unpack_from(pb, 8 * part)[0]
+                if used and stage.batch_size - used < size:
+                    return None
             if sections is not None:
                 sections.append(_NO_HEADERS if section is None else section)
                 stage.header_max = max(stage.header_max, hlen)
+            if parts is not None:
+                parts.append(part)
+            if part >= 0 and pb is not None:
+                _I64.pack_into(pb, 8 * part, used + size)
             return self._future_type(stage, append_row(stage, key, value, ts, size))
         finally:
             lock.release()
 
 
 _NO_HEADERS = b"\x00"
+_I64 = struct.Struct("=q")  # one partition's staged bytes in StageCore.part_bytes
 
 
 def header_section(headers: object) -> bytes | None:

@@ -298,8 +298,8 @@ class Worker(WorkerCore):
         if self._state or self._fatal is not None:
             self._refuse()
         # the common case (bytes or None key and value, headers none or str -> bytes
-        # pairs, no explicit partition, the topic's stage has room), in C where built:
-        # shmprod.speedups
+        # pairs, no partition or one the stage knows, the topic's stage has room), in C
+        # where built: shmprod.speedups
         stager = self._stager
         if stager is not None:
             fut = stager(topic, value, key, headers, partition, timestamp_ms)
@@ -392,7 +392,7 @@ class Worker(WorkerCore):
                     return None
             row = stage.n
             if p >= 0:
-                stage.set_partition(row, p, size, self._batch_size)
+                stage.set_partition(row, p, size, self._batch_size, entry.partitions)
             elif stage.partitions is not None:
                 stage.pad_partition()
             if section is not None:

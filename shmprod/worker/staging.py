@@ -37,6 +37,7 @@ lock; it becomes immutable once taken for a flush.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,27 +76,25 @@ RECORD_OVERHEAD_MAX: Final = 31
 STAGED_OVERHEAD: Final = 12  # about the varint bytes of a staged record, for sizing
 STAGE_MAX_BYTES: Final = 8 << 20  # a stage is flushed by this size at the latest
 STAGED_MAX_BYTES: Final = 32 << 20  # ... and every stage of the process by this total
+_I64: Final = struct.Struct("=q")  # one partition's staged bytes in Stage.part_bytes
 
 
 class Stage(StageCore):
     """The staged records of one topic in one process (see the module docstring).
 
     The fields ``send()`` touches (``values``, ``keys``, ``timestamps``, ``n``,
-    ``nbytes``, ``limit``, ``plain``, ``headers``, ``header_max``) are
-    :class:`~shmprod.speedups.StageCore`'s, so the C path of ``send()`` reaches them
-    without attribute lookups."""
+    ``nbytes``, ``limit``, ``headers``, ``header_max``, ``partitions``, ``part_bytes``,
+    ``batch_size``) are :class:`~shmprod.speedups.StageCore`'s, so the C path of
+    ``send()`` reaches them without attribute lookups."""
 
     __slots__ = (
         "_callbacks",
         "_event",
         "_lock",
-        "batch_size",
         "deadline_ns",
         "error",
         "flushed",
         "outcomes",
-        "partition_bytes",
-        "partitions",
         "row_batch",
         "row_index",
         "row_partition",
@@ -114,14 +113,15 @@ class Stage(StageCore):
         self.keys: list[bytes | None] = []
         self.timestamps: list[int] = []
         self.partitions: list[int] | None = None  # explicit partition per row, -1 none
-        self.partition_bytes: dict[int, int] | None = None  # staged bytes per explicit one
+        # bytes staged per explicit partition (native int64 each), for the partitions
+        # the topic had when the first row with one came
+        self.part_bytes: bytearray | None = None
         self.batch_size = 0
         # each row's encoded headers section, once any row has headers (b"\x00": none)
         self.headers: list[bytes] | None = None
         self.header_max = 1  # largest encoded headers section of a row
         self.n = 0
         self.nbytes = 0  # key + value + header bytes staged
-        self.plain = True  # no row has an explicit partition (the C path of send())
         # set once flushed (or failed before anything was handed over)
         self.flushed = False
         self.error: BaseException | None = None
@@ -139,24 +139,29 @@ class Stage(StageCore):
         explicit partition or headers of the row are set before (their row is ``n``)."""
         return append_row(self, key, value, timestamp_ms, size)
 
-    def set_partition(self, row: int, partition: int, nbytes: int, batch_size: int) -> None:
-        """Row ``row`` goes to ``partition`` (explicit); counts its bytes against the
-        partition's batch (:meth:`partition_room`)."""
-        if self.partitions is None:
+    def set_partition(
+        self, row: int, partition: int, nbytes: int, batch_size: int, partitions: int
+    ) -> None:
+        """Row ``row`` goes to ``partition`` (explicit, checked against the topic's
+        ``partitions``); counts its bytes against the partition's batch
+        (:meth:`partition_room`)."""
+        if self.partitions is None or self.part_bytes is None:
             self.partitions = [-1] * row
-            self.partition_bytes = {}
+            self.part_bytes = bytearray(8 * partitions)
             self.batch_size = batch_size
-            self.plain = False
-        assert self.partition_bytes is not None
+        used = self.part_bytes
+        if len(used) < 8 * partitions:  # the topic grew
+            used.extend(bytes(8 * partitions - len(used)))
         self.partitions.append(partition)
-        self.partition_bytes[partition] = self.partition_bytes.get(partition, 0) + nbytes
+        _I64.pack_into(used, 8 * partition, _I64.unpack_from(used, 8 * partition)[0] + nbytes)
 
     def partition_room(self, partition: int) -> int:
         """Bytes an explicit partition's batch still takes before it is full."""
-        if self.partition_bytes is None:
+        used = self.part_bytes
+        if used is None or 8 * partition >= len(used):
             return 1 << 62
-        used = self.partition_bytes.get(partition, 0)
-        return (1 << 62) if used == 0 else self.batch_size - used
+        staged: int = _I64.unpack_from(used, 8 * partition)[0]
+        return (1 << 62) if staged == 0 else self.batch_size - staged
 
     def pad_partition(self) -> None:
         """Called for a row without an explicit partition once some row had one."""

@@ -32,6 +32,7 @@ MAX_REQUEST = 1100
 HEADER = 61
 OVERHEAD = 31
 STAGED = 12
+BATCH = 300  # an explicit partition's batch
 
 
 def test_the_extension_is_in_use() -> None:
@@ -70,16 +71,18 @@ IDS = ["python", "c"][: len(KINDS)]
 
 
 def _make(kind: Any, layout: list[tuple[Any, ...]]) -> tuple[Any, dict[str, Any]]:
-    """A stager over topic "t" with stages per ``layout`` (plain, limit, nbytes[, has a
-    list of headers sections])."""
+    """A stager over topic "t" with stages per ``layout`` (partitions known (0: no
+    list of partitions yet), limit, nbytes[, has a list of headers sections])."""
     stage_t, fut_t, stager_t = kind
     stages: dict[str, list[Any]] = {}
     if layout:
         lst = []
-        for plain, limit, nbytes, *sections in layout:
+        for parts, limit, nbytes, *sections in layout:
             s = stage_t()
             s.values, s.keys, s.timestamps = [], [], []
-            s.plain, s.limit, s.nbytes = plain, limit, nbytes
+            s.limit, s.nbytes = limit, nbytes
+            if parts:
+                s.partitions, s.part_bytes, s.batch_size = [], bytearray(8 * parts), BATCH
             if sections and sections[0]:
                 s.headers = []
             lst.append(s)
@@ -96,9 +99,16 @@ def _snapshot(state: dict[str, Any]) -> list[tuple[Any, ...]]:
     ]
 
 
-def _sections(state: dict[str, Any]) -> list[tuple[Any, int]]:
+def _sections(state: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Each stage's headers sections and explicit partitions (with the bytes staged
+    per partition)."""
     return [
-        (None if s.headers is None else list(s.headers), s.header_max)
+        (
+            None if s.headers is None else list(s.headers),
+            s.header_max,
+            None if s.partitions is None else list(s.partitions),
+            None if s.part_bytes is None else bytes(s.part_bytes),
+        )
         for s in state["stages"].get("t", [])
     ]
 
@@ -132,7 +142,7 @@ _call = st.tuples(
     _blob,
     _blob,
     _headers,
-    st.sampled_from([None, 0, 3, -1]),
+    st.sampled_from([None, 0, 3, -1, 5, 2**64, True]),
     st.one_of(
         st.none(),
         st.integers(min_value=-5, max_value=2**64),
@@ -141,7 +151,7 @@ _call = st.tuples(
     ),
 )
 _layout = st.lists(
-    st.tuples(st.booleans(), st.integers(0, 3000), st.integers(0, 2000), st.booleans()),
+    st.tuples(st.integers(0, 4), st.integers(0, 3000), st.integers(0, 2000), st.booleans()),
     max_size=2,
 )
 
@@ -167,15 +177,16 @@ def test_c_and_python_agree(calls: list[tuple[Any, ...]], layout: list[Any]) -> 
         for _, _, stamps, _, _ in snap:
             assert all(type(t) is int and 0 <= t < 2**63 for t in stamps)
         sections = _sections(state)
-        for (sec, _), (_, _, _, n, _) in zip(sections, snap, strict=True):
+        for (sec, _, parts, _), (_, _, _, n, _) in zip(sections, snap, strict=True):
             assert sec is None or len(sec) == n
+            assert parts is None or len(parts) == n
         results.append((answers, [(v, k, n, b) for v, k, _, n, b in snap], sections))
     assert all(r == results[0] for r in results)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=IDS)
 def test_common_case_stages_one_row(kind: Any) -> None:
-    stager, state = _make(kind, [(True, 10_000, 0)])
+    stager, state = _make(kind, [(0, 10_000, 0)])
     before = time.time_ns() // 1_000_000
     fut = stager("t", b"v" * 10, b"k", None, None, None)
     after = time.time_ns() // 1_000_000
@@ -194,7 +205,7 @@ def test_records_of_one_millisecond_share_their_timestamp() -> None:
     allocation each), and the encoder reads it once."""
     if C is None:
         pytest.skip("the C extension is not in use")
-    stager, state = _make(KINDS[-1], [(True, 1 << 30, 0)])
+    stager, state = _make(KINDS[-1], [(0, 1 << 30, 0)])
     for _ in range(2_000):
         stager("t", b"v", None, None, None, None)
     ts = state["stages"]["t"][0].timestamps
@@ -218,7 +229,7 @@ def test_records_of_one_millisecond_share_their_timestamp() -> None:
     ],
 )
 def test_other_cases_stage_nothing(kind: Any, args: tuple[Any, ...]) -> None:
-    stager, state = _make(kind, [(True, 10_000, 0)])
+    stager, state = _make(kind, [(0, 10_000, 0)])
     assert stager(*args) is None
     assert _snapshot(state) == [([], [], [], 0, 0)]
     assert not state["lock"].locked()
@@ -229,7 +240,7 @@ def test_headers_are_staged_as_their_encoded_section(kind: Any) -> None:
     """Once a stage keeps sections (the Python path made the list at its first row with
     headers), rows with headers in the common forms are staged with the section
     ``encode_headers`` writes, and rows without headers with an empty one."""
-    stager, state = _make(kind, [(True, 10_000, 0, True)])
+    stager, state = _make(kind, [(0, 10_000, 0, True)])
     stage = state["stages"]["t"][0]
     pairs = [("trace", b"\x01\x02"), ("schema", "v2"), ("none", None), ("", b"")]
     calls: list[Any] = [
@@ -266,16 +277,41 @@ def test_headers_are_staged_as_their_encoded_section(kind: Any) -> None:
     ],
 )
 def test_other_headers_stage_nothing(kind: Any, headers: Any) -> None:
-    stager, state = _make(kind, [(True, 10_000, 0, True)])
+    stager, state = _make(kind, [(0, 10_000, 0, True)])
     assert stager("t", b"v", None, headers, None, None) is None
     assert _snapshot(state) == [([], [], [], 0, 0)]
-    assert _sections(state) == [([], 1)]
+    assert _sections(state) == [([], 1, None, None)]
     assert not state["lock"].locked()
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_explicit_partitions_are_staged_with_their_bytes(kind: Any) -> None:
+    """Once a stage keeps explicit partitions (the Python path made the list at its
+    first), a row to a partition it knows is staged and counted against that
+    partition's batch; a full batch, or a partition past what it knows, goes to Python
+    (which flushes, or checks the partition against the topic)."""
+    stager, state = _make(kind, [(4, 10_000, 0)])
+    stage = state["stages"]["t"][0]
+    row = 100 + 1 + STAGED  # a 100-byte value, no key, no headers: its staged bytes
+    assert stager("t", b"v" * 100, None, None, 1, None) is not None
+    assert stager("t", b"v" * 100, None, None, None, None) is not None  # no partition
+    assert stager("t", b"v" * 100, None, None, 1, None) is not None
+    assert stager("t", b"v" * 100, None, None, 1, None) is None  # 3 rows > BATCH: full
+    assert stager("t", b"v" * 100, None, None, 3, None) is not None  # another batch
+    assert stager("t", b"v", None, None, 4, None) is None  # past the 4 it knows
+    assert stager("t", b"v" * (ROOM - 40), None, None, 0, None) is not None  # alone
+    assert stage.partitions == [1, -1, 1, 3, 0]
+    used = [int.from_bytes(stage.part_bytes[8 * p : 8 * p + 8], sys.byteorder) for p in range(4)]
+    assert used == [ROOM - 40 + 1 + STAGED, 2 * row, 0, row]
+    assert stage.n == 5
+    bare, state = _make(kind, [(0, 10_000, 0)])  # no list of partitions yet
+    assert bare("t", b"v", None, None, 0, None) is None
+    assert _snapshot(state) == [([], [], [], 0, 0)]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
 def test_full_or_queued_stages_stage_nothing(kind: Any) -> None:
-    for layout in ([(True, 20, 0)], [(False, 10_000, 0)], [(True, 10_000, 0)] * 2):
+    for layout in ([(0, 20, 0)], [(0, 10_000, 0)] * 2):
         stager, state = _make(kind, layout)
         assert stager("t", b"v" * 10, None, None, None, None) is None
         assert all(s[3] == 0 for s in _snapshot(state))
@@ -344,7 +380,7 @@ def test_c_takes_the_lock_only_when_someone_holds_it() -> None:
 
 @pytest.mark.skipif(C is None, reason="the C extension is not in use")
 def test_c_checks_its_arguments() -> None:
-    stager, _ = _make(KINDS[1], [(True, 10_000, 0)])
+    stager, _ = _make(KINDS[1], [(0, 10_000, 0)])
     with pytest.raises(TypeError):
         stager("t", b"v")
     with pytest.raises(TypeError):
@@ -358,8 +394,8 @@ def test_c_checks_its_arguments() -> None:
 @pytest.mark.parametrize("kind", KINDS, ids=IDS)
 def test_rows_stay_aligned_under_threads(kind: Any) -> None:
     """Two threads stage while a third takes the stage away under the lock, as a flush
-    does: every row is in exactly one taken stage, with its key, timestamp and headers
-    section."""
+    does: every row is in exactly one taken stage, with its key, timestamp, headers
+    section and partition."""
     stage_t, fut_t, stager_t = kind
     lock = threading.Lock()
     stages: dict[str, list[Any]] = {}
@@ -368,6 +404,7 @@ def test_rows_stay_aligned_under_threads(kind: Any) -> None:
     def fresh() -> None:
         s = stage_t()
         s.values, s.keys, s.timestamps, s.headers = [], [], [], []
+        s.partitions, s.part_bytes, s.batch_size = [], bytearray(8 * 4), 1 << 40
         s.limit = 1 << 40
         stages["t"] = [s]
 
@@ -379,7 +416,8 @@ def test_rows_stay_aligned_under_threads(kind: Any) -> None:
     def send(i: int) -> None:
         for j in range(per_thread):
             v = b"%d:%d" % (i, j)
-            fut = stager("t", v, v, [("h", v)] if j % 2 else None, None, j)
+            part = j % 4 if j % 3 == 0 else None
+            fut = stager("t", v, v, [("h", v)] if j % 2 else None, part, j)
             assert fut is not None
             staged[i].append((fut._stage, fut._row, v))
 
@@ -405,6 +443,7 @@ def test_rows_stay_aligned_under_threads(kind: Any) -> None:
     total = 0
     for (s,) in taken:
         assert len(s.values) == len(s.keys) == len(s.timestamps) == len(s.headers) == s.n
+        assert len(s.partitions) == s.n
         assert s.values == s.keys
         total += s.n
     assert total == 2 * per_thread
@@ -414,11 +453,12 @@ def test_rows_stay_aligned_under_threads(kind: Any) -> None:
             j = int(v.split(b":")[1])
             assert stage.timestamps[row] == j
             assert stage.headers[row] == (encode_headers([("h", v)]) if j % 2 else b"\x00")
+            assert stage.partitions[row] == (j % 4 if j % 3 == 0 else -1)
 
 
 @pytest.mark.skipif(C is None, reason="the C extension is not in use")
 def test_no_reference_is_leaked() -> None:
-    stager, state = _make(KINDS[1], [(True, 1 << 40, 0)])
+    stager, state = _make(KINDS[1], [(0, 1 << 40, 0)])
     value, key = os.urandom(100), os.urandom(16)
     before = sys.getrefcount(value), sys.getrefcount(key)
     stamp = 1_700_000_000_000
@@ -441,14 +481,14 @@ def test_no_headers_section_or_reference_is_leaked() -> None:
     hval, hkey = os.urandom(50), "k" + os.urandom(4).hex()
     headers = [(hkey, hval), ("s", "text")]
     before = [sys.getrefcount(x) for x in (headers, hval, hkey)]
-    stager, state = _make(KINDS[1], [(True, 1 << 40, 0, True)])
+    stager, state = _make(KINDS[1], [(0, 1 << 40, 0, True)])
     futs = [stager("t", b"v", None, headers, None, None) for _ in range(1000)]
     assert all(f is not None for f in futs)
     assert [sys.getrefcount(x) for x in (headers, hval, hkey)] == before
     sections = state["stages"]["t"][0].headers
     assert [sys.getrefcount(sections[i]) for i in range(3)] == [2, 2, 2]  # list, call
     del futs, sections
-    bare, _ = _make(KINDS[1], [(True, 1 << 40, 0)])  # no list of sections yet
+    bare, _ = _make(KINDS[1], [(0, 1 << 40, 0)])  # no list of sections yet
     big = [("k", b"x" * ROOM)]
     for _ in range(100):  # warm up
         assert stager("t", b"v", None, big, None, None) is None
@@ -469,7 +509,7 @@ def test_no_headers_section_or_reference_is_leaked() -> None:
 def test_cycles_through_stages_and_futures_are_collected(kind: Any) -> None:
     """A stage whose rows hold its own futures (as callbacks do) is garbage like any
     Python cycle."""
-    stager, state = _make(kind, [(True, 1 << 40, 0)])
+    stager, state = _make(kind, [(0, 1 << 40, 0)])
     stage = state["stages"]["t"][0]
 
     class Marker:
@@ -504,7 +544,7 @@ def test_send_method_stages_the_common_case_and_hands_the_rest_to_python() -> No
         calls.append((topic, value, key, headers, partition, timestamp_ms))
         return "slow"
 
-    stager, state = _make(KINDS[-1], [(True, 10_000, 0)])
+    stager, state = _make(KINDS[-1], [(0, 10_000, 0)])
 
     class W:
         send = C.SendMethod(slow)

@@ -10,7 +10,7 @@
  *               row has them. shmprod.worker.staging.Stage subclasses it.
  *   FutureCore  a RecordFuture's stage and row. shmprod.futures.RecordFuture
  *               subclasses it.
- *   Stager      the common case of Worker.send(): bytes or None key and value, headers
+ *   Stager      the common case of Worker.send(): bytes, str or None key and value, headers
  *               none or a dict / list of (str, bytes | str | None) pairs (encoded
  *               here into the row's section), no partition or one the stage knows,
  *               the topic's one stage has room. It appends the row under the Worker's
@@ -299,6 +299,7 @@ unlock(Stager *self)
  * error. Runs in: worker, takes the state lock.
  */
 static PyObject *stage_row(Stager *self, PyObject *const *args);
+static PyObject *stage_text(Stager *self, PyObject *const *args);
 static PyObject *header_section(PyObject *headers);
 static PyObject *no_headers; /* b"\x00": a record without headers */
 static PyObject *no_partition; /* -1: a row without an explicit partition */
@@ -312,7 +313,47 @@ stager_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwn
                         "Stager takes (topic, value, key, headers, partition, timestamp_ms)");
         return NULL;
     }
-    return stage_row((Stager *)self_, args);
+    return stage_text((Stager *)self_, args);
+}
+
+/* stage_row for a key or value that is a str: staged as its UTF-8 bytes, a new bytes
+ * object (as the Python path copies it). A str that is not valid UTF-8 (a lone
+ * surrogate) is left to the Python path, which raises its typed error. */
+static PyObject *
+stage_text(Stager *self, PyObject *const *args)
+{
+    PyObject *value = args[1], *key = args[2];
+    if (!PyUnicode_CheckExact(value) && !PyUnicode_CheckExact(key)) {
+        return stage_row(self, args);
+    }
+    PyObject *row[6] = {args[0], args[1], args[2], args[3], args[4], args[5]};
+    PyObject *vb = NULL, *kb = NULL, *result = NULL;
+    if (PyUnicode_CheckExact(value)) {
+        vb = PyUnicode_AsUTF8String(value);
+        if (vb == NULL) {
+            goto refuse;
+        }
+        row[1] = vb;
+    }
+    if (PyUnicode_CheckExact(key)) {
+        kb = PyUnicode_AsUTF8String(key);
+        if (kb == NULL) {
+            goto refuse;
+        }
+        row[2] = kb;
+    }
+    result = stage_row(self, row);
+    goto out;
+refuse:
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeError)) {
+        goto out; /* a memory error: raised */
+    }
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+out:
+    Py_XDECREF(vb);
+    Py_XDECREF(kb);
+    return result;
 }
 
 /* args: topic, value, key, headers, partition, timestamp_ms. */
@@ -709,7 +750,7 @@ send_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnam
         Py_DECREF(fast);
         goto slow; /* None: closed, failed, forked, or serializers configured */
     }
-    PyObject *fut = stage_row((Stager *)fast, params);
+    PyObject *fut = stage_text((Stager *)fast, params);
     Py_DECREF(fast);
     if (fut != Py_None) {
         return fut; /* the future, or NULL with the error set */

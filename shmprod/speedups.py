@@ -10,7 +10,7 @@ do the same in Python. The tests run both and compare them.
   :class:`shmprod.worker.staging.Stage` subclasses it.
 * :class:`FutureCore`: a record future's stage and row;
   :class:`shmprod.futures.RecordFuture` subclasses it.
-* :class:`Stager`: the common case of ``Worker.send`` (bytes or None key and value;
+* :class:`Stager`: the common case of ``Worker.send`` (bytes, str or None key and value;
   headers none, or a dict or list of (str, bytes | str | None) pairs, encoded here into
   the row's section; no partition, or one the stage knows whose batch has room; the
   topic's one stage has room): stages the row and returns its future; None when nothing
@@ -167,6 +167,12 @@ class _PyStager:
             if type(partition) is not int or not 0 <= partition <= _INT64_MAX:
                 return None
             part = partition
+        if type(key) is str or type(value) is str:  # staged as UTF-8 bytes
+            try:
+                key = key.encode("utf-8") if type(key) is str else key
+                value = value.encode("utf-8") if type(value) is str else value
+            except UnicodeEncodeError:  # a lone surrogate: the Python path raises
+                return None
         if key is not None and type(key) is not bytes:
             return None
         if value is not None and type(value) is not bytes:

@@ -118,6 +118,7 @@ _blob = st.one_of(
     st.binary(max_size=1200),
     st.binary(max_size=8).map(bytearray),
     st.text(max_size=4),
+    st.just("\ud800x"),
     st.integers(),
 )
 _header_value = st.one_of(
@@ -200,6 +201,17 @@ def test_common_case_stages_one_row(kind: Any) -> None:
     assert fut2._row == 1 and stage.timestamps[1] == 2**63 - 1
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_str_keys_and_values_are_staged_as_utf8(kind: Any) -> None:
+    stager, state = _make(kind, [(0, 10_000, 0)])
+    assert stager("t", "välue", "kéy", None, None, None) is not None
+    assert stager("t", "", None, None, None, None) is not None
+    stage = state["stages"]["t"][0]
+    assert stage.values == ["välue".encode(), b""] and stage.keys == ["kéy".encode(), None]
+    assert all(type(v) is bytes for v in stage.values)
+    assert stage.nbytes == (6 + 4 + 1 + STAGED) + (0 + 1 + STAGED)
+
+
 def test_records_of_one_millisecond_share_their_timestamp() -> None:
     """The C stager stamps every record of one millisecond with the same int (no
     allocation each), and the encoder reads it once."""
@@ -221,7 +233,8 @@ def test_records_of_one_millisecond_share_their_timestamp() -> None:
         ("t", b"v", b"k", None, 0, None),  # explicit partition
         ("u", b"v", b"k", None, None, None),  # no stage yet
         ("t", bytearray(b"v"), None, None, None, None),  # a mutable buffer: copied
-        ("t", "v", None, None, None, None),  # str: encoded
+        ("t", "\ud800", None, None, None, None),  # str that is not UTF-8: a typed error
+        ("t", b"v", "\udfff", None, None, None),
         ("t", b"v", None, None, None, -1),  # bad timestamp: a typed error
         ("t", b"v", None, None, None, 2**63),
         ("t", b"v", None, None, None, True),
@@ -476,8 +489,9 @@ def test_no_reference_is_leaked() -> None:
 
 @pytest.mark.skipif(C is None, reason="the C extension is not in use")
 def test_no_headers_section_or_reference_is_leaked() -> None:
-    """Headers are copied into the row's section; a section made for a row that is then
-    refused (too large, or the stage's first row with headers) is freed."""
+    """Headers are copied into the row's section; a section, or the UTF-8 copy of a str
+    value, made for a row that is then refused (too large, the stage's first row with
+    headers, not UTF-8) is freed."""
     hval, hkey = os.urandom(50), "k" + os.urandom(4).hex()
     headers = [(hkey, hval), ("s", "text")]
     before = [sys.getrefcount(x) for x in (headers, hval, hkey)]
@@ -490,15 +504,20 @@ def test_no_headers_section_or_reference_is_leaked() -> None:
     del futs, sections
     bare, _ = _make(KINDS[1], [(0, 1 << 40, 0)])  # no list of sections yet
     big = [("k", b"x" * ROOM)]
+    text = "é" * ROOM
     for _ in range(100):  # warm up
         assert stager("t", b"v", None, big, None, None) is None
         assert bare("t", b"v", None, headers, None, None) is None
+        assert stager("t", text, None, None, None, None) is None
+        assert stager("t", "ok", "\ud800", None, None, None) is None
     tracemalloc.start()
     try:
         start = tracemalloc.get_traced_memory()[0]
         for _ in range(5000):
             stager("t", b"v", None, big, None, None)
             bare("t", b"v", None, headers, None, None)
+            stager("t", text, None, None, None, None)
+            stager("t", "ok", "\ud800", None, None, None)
         grown = tracemalloc.get_traced_memory()[0] - start
     finally:
         tracemalloc.stop()

@@ -894,6 +894,18 @@ put_varint(char *p, unsigned long long u)
     return p;
 }
 
+/* A length (zig-zag varint; -1: null) and, when it is positive, that many bytes. */
+static inline char *
+put_blob(char *p, const char *src, Py_ssize_t len)
+{
+    p = put_varint(p, zigzag(len));
+    if (len > 0) {
+        memcpy(p, src, (size_t)len);
+        p += len;
+    }
+    return p;
+}
+
 /* One header of the stager's headers (item i of a list or tuple, or the next pair of a
  * dict at *pos) as UTF-8 key bytes and value bytes (*vlen -1: null). 0: done; 1: not
  * the common form (no exception set). Runs no Python code. */
@@ -999,14 +1011,8 @@ header_section(PyObject *headers)
             Py_DECREF(out); /* the same pairs as above: never */
             Py_RETURN_NONE;
         }
-        p = put_varint(p, zigzag(klen));
-        memcpy(p, k, (size_t)klen);
-        p += klen;
-        p = put_varint(p, zigzag(vlen));
-        if (vlen > 0) {
-            memcpy(p, v, (size_t)vlen);
-            p += vlen;
-        }
+        p = put_blob(p, k, klen);
+        p = put_blob(p, v, vlen);
     }
     return out;
 }
@@ -1676,16 +1682,8 @@ encode_records(PyObject *mod, PyObject *args)
         *p++ = 0; /* attributes */
         p = put_varint(p, zigzag(ts - base));
         p = put_varint(p, zigzag(od));
-        p = put_varint(p, zigzag(k));
-        if (k > 0) {
-            memcpy(p, kp, (size_t)k);
-            p += k;
-        }
-        p = put_varint(p, zigzag(v));
-        if (v > 0) {
-            memcpy(p, vp, (size_t)v);
-            p += v;
-        }
+        p = put_blob(p, kp, k);
+        p = put_blob(p, vp, v);
         memcpy(p, hp, (size_t)h);
         p += h;
     }

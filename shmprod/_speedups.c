@@ -229,6 +229,7 @@ typedef struct {
        millisecond share it (no allocation per record; the encoder compares pointers) */
     long long last_ms;
     PyObject *last_ts;
+    PyObject *int_type; /* NULL, or another integer type send() takes (numpy.integer) */
 } Stager;
 
 static int
@@ -239,6 +240,7 @@ stager_traverse(Stager *self, visitproc visit, void *arg)
     Py_VISIT(self->release);
     Py_VISIT(self->locked);
     Py_VISIT(self->future_type);
+    Py_VISIT(self->int_type);
     return 0;
 }
 
@@ -251,6 +253,7 @@ stager_clear(Stager *self)
     Py_CLEAR(self->locked);
     Py_CLEAR(self->future_type);
     Py_CLEAR(self->last_ts);
+    Py_CLEAR(self->int_type);
     return 0;
 }
 
@@ -316,43 +319,65 @@ stager_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwn
     return stage_text((Stager *)self_, args);
 }
 
-/* stage_row for a key or value that is a str: staged as its UTF-8 bytes, a new bytes
- * object (as the Python path copies it). A str that is not valid UTF-8 (a lone
- * surrogate) is left to the Python path, which raises its typed error. */
+/* An explicit partition or timestamp that is an integer but not an exact int (an int
+ * subclass, or a numpy integer: the Python path takes both, bools excepted). */
+static inline int
+other_int(Stager *self, PyObject *o)
+{
+    if (o == Py_None || PyLong_CheckExact(o) || PyBool_Check(o)) {
+        return 0;
+    }
+    return PyLong_Check(o) ||
+           (self->int_type != NULL && PyObject_TypeCheck(o, (PyTypeObject *)self->int_type));
+}
+
+/*
+ * stage_row for what the Python path converts, converted the same way first: a str key
+ * or value staged as its UTF-8 bytes (a new bytes object, as the Python path copies
+ * it); a partition or timestamp that is an int subclass or a numpy integer as an exact
+ * int. A str that is not valid UTF-8 (a lone surrogate) is left to the Python path,
+ * which raises its typed error. The conversions run before the stage is touched.
+ */
 static PyObject *
 stage_text(Stager *self, PyObject *const *args)
 {
-    PyObject *value = args[1], *key = args[2];
-    if (!PyUnicode_CheckExact(value) && !PyUnicode_CheckExact(key)) {
+    PyObject *value = args[1], *key = args[2], *partition = args[4], *ts = args[5];
+    int text = PyUnicode_CheckExact(value) || PyUnicode_CheckExact(key);
+    int ints = other_int(self, partition) || other_int(self, ts);
+    if (!text && !ints) {
         return stage_row(self, args);
     }
     PyObject *row[6] = {args[0], args[1], args[2], args[3], args[4], args[5]};
-    PyObject *vb = NULL, *kb = NULL, *result = NULL;
-    if (PyUnicode_CheckExact(value)) {
-        vb = PyUnicode_AsUTF8String(value);
-        if (vb == NULL) {
-            goto refuse;
+    PyObject *made[4] = {NULL, NULL, NULL, NULL};
+    PyObject *result = NULL;
+    const int at[4] = {1, 2, 4, 5};
+    for (int i = 0; i < 4; i++) {
+        PyObject *o = args[at[i]];
+        if (i < 2 && PyUnicode_CheckExact(o)) {
+            made[i] = PyUnicode_AsUTF8String(o);
         }
-        row[1] = vb;
-    }
-    if (PyUnicode_CheckExact(key)) {
-        kb = PyUnicode_AsUTF8String(key);
-        if (kb == NULL) {
-            goto refuse;
+        else if (i >= 2 && other_int(self, o)) {
+            made[i] = PyNumber_Index(o);
         }
-        row[2] = kb;
+        else {
+            continue;
+        }
+        if (made[i] == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeError) &&
+                !PyErr_ExceptionMatches(PyExc_TypeError)) {
+                goto out; /* a memory error: raised */
+            }
+            PyErr_Clear(); /* the Python path raises its typed error */
+            result = Py_NewRef(Py_None);
+            goto out;
+        }
+        row[at[i]] = made[i];
     }
     result = stage_row(self, row);
-    goto out;
-refuse:
-    if (!PyErr_ExceptionMatches(PyExc_UnicodeError)) {
-        goto out; /* a memory error: raised */
-    }
-    PyErr_Clear();
-    result = Py_NewRef(Py_None);
 out:
-    Py_XDECREF(vb);
-    Py_XDECREF(kb);
+    for (int i = 0; i < 4; i++) {
+        Py_XDECREF(made[i]);
+    }
     return result;
 }
 
@@ -599,13 +624,14 @@ stager_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"stages", "lock", "future_type", "records_room",
                              "max_request_size", "header_size", "overhead_max",
-                             "staged_overhead", NULL};
-    PyObject *stages, *lock, *future_type;
+                             "staged_overhead", "int_type", NULL};
+    PyObject *stages, *lock, *future_type, *int_type = NULL;
     Py_ssize_t records_room, max_request_size, header_size, overhead_max, staged_overhead;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!nnnnn:Stager", kwlist, &PyDict_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!nnnnn|O!:Stager", kwlist, &PyDict_Type,
                                      &stages, &lock, &PyType_Type, &future_type,
                                      &records_room, &max_request_size, &header_size,
-                                     &overhead_max, &staged_overhead)) {
+                                     &overhead_max, &staged_overhead, &PyType_Type,
+                                     &int_type)) {
         return NULL;
     }
     if (!PyType_IsSubtype((PyTypeObject *)future_type, &FutureCoreType)) {
@@ -645,6 +671,7 @@ stager_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->header_size = header_size;
     self->overhead_max = overhead_max;
     self->staged_overhead = staged_overhead;
+    self->int_type = int_type == NULL ? NULL : Py_NewRef(int_type);
     return (PyObject *)self;
 }
 
@@ -658,7 +685,8 @@ static PyTypeObject StagerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "shmprod._speedups.Stager",
     .tp_doc = "Stager(stages, lock, future_type, records_room, max_request_size, "
-              "header_size, overhead_max, staged_overhead): send()'s common case.",
+              "header_size, overhead_max, staged_overhead, int_type=None): send()'s "
+              "common case.",
     .tp_basicsize = sizeof(Stager),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = stager_new,

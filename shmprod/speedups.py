@@ -123,6 +123,7 @@ class _PyStager:
     __slots__ = (
         "_future_type",
         "_header_size",
+        "_int_type",
         "_lock",
         "_max_request_size",
         "_overhead_max",
@@ -141,8 +142,10 @@ class _PyStager:
         header_size: int,
         overhead_max: int,
         staged_overhead: int,
+        int_type: type | None = None,
     ) -> None:
         self._stages = stages
+        self._int_type = int_type
         self._lock = lock
         self._future_type = future_type
         self._records_room = records_room
@@ -162,6 +165,10 @@ class _PyStager:
     ) -> Any:
         if type(topic) is not str:
             return None
+        if _other_int(self._int_type, partition):  # as the Python path converts them
+            partition = int(partition)  # type: ignore[call-overload]
+        if _other_int(self._int_type, timestamp_ms):
+            timestamp_ms = int(timestamp_ms)  # type: ignore[call-overload]
         part = -1
         if partition is not None:
             if type(partition) is not int or not 0 <= partition <= _INT64_MAX:
@@ -233,6 +240,14 @@ class _PyStager:
             return self._future_type(stage, append_row(stage, key, value, ts, size))
         finally:
             lock.release()
+
+
+def _other_int(int_type: type | None, o: object) -> bool:
+    """An explicit partition or timestamp that is an integer but not an exact int (an
+    int subclass, or a numpy integer; a bool is neither)."""
+    if o is None or type(o) is int or isinstance(o, bool):
+        return False
+    return isinstance(o, int) or (int_type is not None and isinstance(o, int_type))
 
 
 _NO_HEADERS = b"\x00"

@@ -46,6 +46,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+
 from shmprod import ipc
 from shmprod import layout as L
 from shmprod.config import ProducerConfig
@@ -166,6 +168,7 @@ class WorkerCore:
                 HEADER_SIZE,
                 RECORD_OVERHEAD_MAX,
                 STAGED_OVERHEAD,
+                np.integer,  # numpy partitions and timestamps, as the Python path takes
             )
         self._flushing = False  # one flush (or send_batch) at a time: partition order
         self._inflight: dict[int, tuple[BatchOutcome, int]] = {}

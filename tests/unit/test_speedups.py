@@ -14,6 +14,7 @@ import tracemalloc
 import weakref
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,7 +89,7 @@ def _make(kind: Any, layout: list[tuple[Any, ...]]) -> tuple[Any, dict[str, Any]
             lst.append(s)
         stages["t"] = lst
     lock = threading.Lock()
-    stager = stager_t(stages, lock, fut_t, ROOM, MAX_REQUEST, HEADER, OVERHEAD, STAGED)
+    stager = stager_t(stages, lock, fut_t, ROOM, MAX_REQUEST, HEADER, OVERHEAD, STAGED, np.integer)
     return stager, {"stages": stages, "lock": lock}
 
 
@@ -143,12 +144,17 @@ _call = st.tuples(
     _blob,
     _blob,
     _headers,
-    st.sampled_from([None, 0, 3, -1, 5, 2**64, True]),
+    st.sampled_from(
+        [None, 0, 3, -1, 5, 2**64, True, np.int64(2), np.uint8(1), np.int32(-1), np.bool_(True)]
+    ),
     st.one_of(
         st.none(),
         st.integers(min_value=-5, max_value=2**64),
+        st.integers(min_value=-5, max_value=2**63 - 1).map(np.int64),
+        st.just(np.uint64(2**64 - 1)),
         st.just(True),
         st.just(1.5),
+        st.just(np.float64(3.0)),
     ),
 )
 _layout = st.lists(
@@ -210,6 +216,23 @@ def test_str_keys_and_values_are_staged_as_utf8(kind: Any) -> None:
     assert stage.values == ["välue".encode(), b""] and stage.keys == ["kéy".encode(), None]
     assert all(type(v) is bytes for v in stage.values)
     assert stage.nbytes == (6 + 4 + 1 + STAGED) + (0 + 1 + STAGED)
+
+
+class _MyInt(int):
+    pass
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_numpy_and_int_subclass_partitions_and_timestamps_are_staged_as_ints(kind: Any) -> None:
+    stager, state = _make(kind, [(4, 10_000, 0)])
+    assert stager("t", b"v", None, None, np.int64(2), np.int64(1_700_000_000_000)) is not None
+    assert stager("t", b"v", None, None, _MyInt(3), _MyInt(5)) is not None
+    assert stager("t", b"v", None, None, np.uint8(1), np.uint64(7)) is not None
+    for partition, ts in [(np.bool_(True), None), (None, np.float64(1.0)), (np.int8(-1), None)]:
+        assert stager("t", b"v", None, None, partition, ts) is None  # the Python path's
+    stage = state["stages"]["t"][0]
+    assert stage.partitions == [2, 3, 1] and stage.timestamps == [1_700_000_000_000, 5, 7]
+    assert all(type(x) is int for x in [*stage.partitions, *stage.timestamps])
 
 
 def test_records_of_one_millisecond_share_their_timestamp() -> None:

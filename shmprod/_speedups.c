@@ -10,7 +10,8 @@
  *               row has them. shmprod.worker.staging.Stage subclasses it.
  *   FutureCore  a RecordFuture's stage and row. shmprod.futures.RecordFuture
  *               subclasses it.
- *   Stager      the common case of Worker.send(): bytes, str or None key and value, headers
+ *   Stager      the common case of Worker.send(): bytes, bytearray, str or None key and
+ *               value, headers
  *               none or a dict / list of (str, bytes | str | None) pairs (encoded
  *               here into the row's section), no partition or one the stage knows,
  *               the topic's one stage has room. It appends the row under the Worker's
@@ -331,18 +332,27 @@ other_int(Stager *self, PyObject *o)
            (self->int_type != NULL && PyObject_TypeCheck(o, (PyTypeObject *)self->int_type));
 }
 
+/* A key or value the stager converts to bytes: a str (its UTF-8) or a bytearray (a copy:
+ * the caller may reuse it once send() returns). */
+static inline int
+convertible(PyObject *o)
+{
+    return PyUnicode_CheckExact(o) || PyByteArray_CheckExact(o);
+}
+
 /*
  * stage_row for what the Python path converts, converted the same way first: a str key
- * or value staged as its UTF-8 bytes (a new bytes object, as the Python path copies
- * it); a partition or timestamp that is an int subclass or a numpy integer as an exact
- * int. A str that is not valid UTF-8 (a lone surrogate) is left to the Python path,
- * which raises its typed error. The conversions run before the stage is touched.
+ * or value staged as its UTF-8 bytes, a bytearray as a copy (a new bytes object each,
+ * as the Python path copies them); a partition or timestamp that is an int subclass or
+ * a numpy integer as an exact int. A str that is not valid UTF-8 (a lone surrogate) is
+ * left to the Python path, which raises its typed error. The conversions run before
+ * the stage is touched.
  */
 static PyObject *
 stage_text(Stager *self, PyObject *const *args)
 {
     PyObject *value = args[1], *key = args[2], *partition = args[4], *ts = args[5];
-    int text = PyUnicode_CheckExact(value) || PyUnicode_CheckExact(key);
+    int text = convertible(value) || convertible(key);
     int ints = other_int(self, partition) || other_int(self, ts);
     if (!text && !ints) {
         return stage_row(self, args);
@@ -355,6 +365,10 @@ stage_text(Stager *self, PyObject *const *args)
         PyObject *o = args[at[i]];
         if (i < 2 && PyUnicode_CheckExact(o)) {
             made[i] = PyUnicode_AsUTF8String(o);
+        }
+        else if (i < 2 && PyByteArray_CheckExact(o)) {
+            made[i] =
+                PyBytes_FromStringAndSize(PyByteArray_AS_STRING(o), PyByteArray_GET_SIZE(o));
         }
         else if (i >= 2 && other_int(self, o)) {
             made[i] = PyNumber_Index(o);

@@ -10,7 +10,8 @@ do the same in Python. The tests run both and compare them.
   :class:`shmprod.worker.staging.Stage` subclasses it.
 * :class:`FutureCore`: a record future's stage and row;
   :class:`shmprod.futures.RecordFuture` subclasses it.
-* :class:`Stager`: the common case of ``Worker.send`` (bytes, str or None key and value;
+* :class:`Stager`: the common case of ``Worker.send`` (bytes, bytearray (copied), str or
+  None key and value;
   headers none, or a dict or list of (str, bytes | str | None) pairs, encoded here into
   the row's section; no partition, or one the stage knows whose batch has room; the
   topic's one stage has room): stages the row and returns its future; None when nothing
@@ -180,6 +181,10 @@ class _PyStager:
                 value = value.encode("utf-8") if type(value) is str else value
             except UnicodeEncodeError:  # a lone surrogate: the Python path raises
                 return None
+        if type(key) is bytearray:  # a copy: the caller may reuse it
+            key = bytes(key)
+        if type(value) is bytearray:
+            value = bytes(value)
         if key is not None and type(key) is not bytes:
             return None
         if value is not None and type(value) is not bytes:

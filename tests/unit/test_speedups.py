@@ -208,14 +208,18 @@ def test_common_case_stages_one_row(kind: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=IDS)
-def test_str_keys_and_values_are_staged_as_utf8(kind: Any) -> None:
+def test_str_keys_and_values_are_staged_as_utf8_and_bytearrays_as_copies(kind: Any) -> None:
     stager, state = _make(kind, [(0, 10_000, 0)])
     assert stager("t", "välue", "kéy", None, None, None) is not None
     assert stager("t", "", None, None, None, None) is not None
     stage = state["stages"]["t"][0]
-    assert stage.values == ["välue".encode(), b""] and stage.keys == ["kéy".encode(), None]
-    assert all(type(v) is bytes for v in stage.values)
-    assert stage.nbytes == (6 + 4 + 1 + STAGED) + (0 + 1 + STAGED)
+    buf = bytearray(b"reused")
+    assert stager("t", buf, buf, None, None, None) is not None
+    buf[:] = b"change"  # the caller reuses its buffer: what was staged is a copy
+    assert stage.values == ["välue".encode(), b"", b"reused"]
+    assert stage.keys == ["kéy".encode(), None, b"reused"]
+    assert all(type(v) is bytes for v in [*stage.values, stage.keys[2]])
+    assert stage.nbytes == (6 + 4 + 1 + STAGED) + (0 + 1 + STAGED) + (6 + 6 + 1 + STAGED)
 
 
 class _MyInt(int):
@@ -255,7 +259,6 @@ def test_records_of_one_millisecond_share_their_timestamp() -> None:
         ("t", b"v", b"k", [("h", b"")], None, None),  # the stage's first row with headers
         ("t", b"v", b"k", None, 0, None),  # explicit partition
         ("u", b"v", b"k", None, None, None),  # no stage yet
-        ("t", bytearray(b"v"), None, None, None, None),  # a mutable buffer: copied
         ("t", "\ud800", None, None, None, None),  # str that is not UTF-8: a typed error
         ("t", b"v", "\udfff", None, None, None),
         ("t", b"v", None, None, None, -1),  # bad timestamp: a typed error

@@ -63,6 +63,7 @@ from shmprod.worker.inputs import (
     check_timestamp,
     encoded_headers,
     serialize,
+    serialized,
 )
 from shmprod.worker.staging import (
     RECORD_OVERHEAD_MAX,
@@ -297,29 +298,35 @@ class Worker(WorkerCore):
         """
         if self._state or self._fatal is not None:
             self._refuse()
-        # the common case (bytes or None key and value, headers none or str -> bytes
-        # pairs, no partition or one the stage knows, the topic's stage has room), in C
-        # where built: shmprod.speedups
-        stager = self._stager
-        if stager is not None:
-            fut = stager(topic, value, key, headers, partition, timestamp_ms)
-            if fut is not None:
-                return fut  # type: ignore[no-any-return]
+        key_what, value_what = "key", "value"
+        if self._key_ser is not None or self._value_ser is not None:
+            # each serializer runs once, here: the stager and the checks below take
+            # what it made
+            try:
+                if self._key_ser is not None:
+                    key, key_what = serialize(self._key_ser, key, "key"), serialized("key")
+                if self._value_ser is not None:
+                    value = serialize(self._value_ser, value, "value")
+                    value_what = serialized("value")
+            except ShmprodError:
+                with self._lock:
+                    self._send_errors += 1
+                raise
+        # the common case (bytes, bytearray, str or None key and value, headers none or
+        # str -> bytes pairs, no partition or one the stage knows, the topic's stage has
+        # room), in C where built: shmprod.speedups
+        fut = self._stager(topic, value, key, headers, partition, timestamp_ms)
+        if fut is not None:
+            return fut  # type: ignore[no-any-return]
         try:
             # staged as bytes: a mutable buffer is copied now, so a caller that reuses
             # it after send() returns cannot change what is sent
-            if self._key_ser is None:
-                kb = key if key is None or type(key) is bytes else frozen(as_bytes(key, "key"))
-            else:
-                kb = frozen(serialize(self._key_ser, key, "key"))
-            if self._value_ser is None:
-                vb = (
-                    value
-                    if value is None or type(value) is bytes
-                    else frozen(as_bytes(value, "value"))
-                )
-            else:
-                vb = frozen(serialize(self._value_ser, value, "value"))
+            kb = key if key is None or type(key) is bytes else frozen(as_bytes(key, key_what))
+            vb = (
+                value
+                if value is None or type(value) is bytes
+                else frozen(as_bytes(value, value_what))
+            )
             section: bytes | None = None
             if headers is not None:
                 section = encoded_headers(headers)  # checks them

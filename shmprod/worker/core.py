@@ -153,23 +153,24 @@ class WorkerCore:
         # only the last takes more (earlier ones are stages a flush could not get
         # buffers for, first in line)
         self._stages: dict[str, list[AnyStage]] = {}
-        # send()'s common case (shmprod.speedups); serializers take the Python path
-        self._stager: Stager | None = None
-        # what send()'s C method stages with: the stager while open, else None
-        # (shmprod.speedups.SendMethod); every way out of OPEN sets it to None
+        # send()'s common case (shmprod.speedups); with serializers, send() runs them in
+        # Python and then calls it
+        self._stager = Stager(
+            self._stages,
+            self._lock,
+            RecordFuture,
+            self._records_room,
+            self._max_request_size,
+            HEADER_SIZE,
+            RECORD_OVERHEAD_MAX,
+            STAGED_OVERHEAD,
+            np.integer,  # numpy partitions and timestamps, as the Python path takes
+        )
+        # what send()'s C method stages with: the stager while open and without
+        # serializers, else None (shmprod.speedups.SendMethod); every way out of OPEN
+        # sets it to None
         self._fast: Stager | None = None
-        if self._key_ser is None and self._value_ser is None:
-            self._stager = Stager(
-                self._stages,
-                self._lock,
-                RecordFuture,
-                self._records_room,
-                self._max_request_size,
-                HEADER_SIZE,
-                RECORD_OVERHEAD_MAX,
-                STAGED_OVERHEAD,
-                np.integer,  # numpy partitions and timestamps, as the Python path takes
-            )
+        self._serializing = self._key_ser is not None or self._value_ser is not None
         self._flushing = False  # one flush (or send_batch) at a time: partition order
         self._inflight: dict[int, tuple[BatchOutcome, int]] = {}
         self._stock: list[int] = []
@@ -218,7 +219,7 @@ class WorkerCore:
         for _, off in shmstats.WORKER_FIELDS:
             L.U64.pack_into(self._view, base + off, 0)
         self._state = OPEN
-        self._fast = self._stager
+        self._fast = None if self._serializing else self._stager
         with self._lock, contextlib.suppress(ShmprodError):
             self._replenish_locked()  # the first lease, before the first flush needs it
         self._thread = threading.Thread(

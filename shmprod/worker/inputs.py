@@ -25,6 +25,7 @@ __all__ = [
     "check_timestamp",
     "encoded_headers",
     "serialize",
+    "serialized",
 ]
 
 Blob = values.Blob
@@ -42,17 +43,20 @@ def as_bytes(obj: object, what: str) -> Blob | None:
         raise InvalidRecordError(str(exc)) from None
 
 
-def serialize(fn: Serializer | None, obj: object, what: str) -> Blob | None:
-    """Applies the configured serializer (None passes through it), then checks the result."""
-    if fn is None:
-        return as_bytes(obj, what)
+def serialize(fn: Serializer, obj: object, what: str) -> object:
+    """What the configured serializer makes of ``obj`` (checked by the caller, as a key
+    or value named ``serialized(what)``); InvalidRecordError when it raises."""
     try:
-        out = fn(obj)
+        return fn(obj)
     except Exception as exc:
         raise InvalidRecordError(
             f"{what}_serializer failed on {type(obj).__name__}: {exc}"
         ) from exc
-    return as_bytes(out, f"{what} (from {what}_serializer)")
+
+
+def serialized(what: str) -> str:
+    """How errors name a key or value a serializer made."""
+    return f"{what} (from {what}_serializer)"
 
 
 def encoded_headers(headers: object) -> bytes:

@@ -201,6 +201,40 @@ def test_serializers() -> None:
             w2.send("events", 1)
 
 
+def test_serializers_run_once_per_send_whichever_path_stages_it() -> None:
+    """The serializers run in Python, once; what they make is staged by the C path when
+    it can and by the Python path otherwise (a topic's first record, a first explicit
+    partition or headers), never serialized again; a bad result is refused with its
+    name."""
+    calls: list[object] = []
+
+    def ser(v: object) -> object:
+        calls.append(v)
+        return v if not isinstance(v, int) else str(v)  # ints as text: staged as UTF-8
+
+    with FakeSender() as fake:
+        handle = dataclasses.replace(fake.handle, key_serializer=ser, value_serializer=ser)
+        with attach(handle) as w:
+            futs = [
+                w.send("events", b"v0", key=b"k0"),  # the topic's first: Python
+                w.send("events", 1, key=2),  # str from the serializer: C
+                w.send("events", bytearray(b"v2"), partition=1),  # first partition: Python
+                w.send("events", b"v3", partition=1, headers=[("h", b"x")]),
+                w.send("events", b"v4", headers={"h": "y"}),  # C
+            ]
+            w.flush(5)
+            assert len(calls) == 10
+            landed = {r.value: r for p in fake.records("events").values() for r in p}
+            assert set(landed) == {b"v0", b"1", b"v2", b"v3", b"v4"}
+            assert landed[b"1"].key == b"2" and landed[b"v4"].headers == [("h", b"y")]
+            assert all(f.result(0).offset >= 0 for f in futs)
+            bad = dataclasses.replace(fake.handle, value_serializer=lambda v: 1.5)
+        with attach(bad) as w2:
+            with pytest.raises(InvalidRecordError, match=r"value \(from value_serializer\)"):
+                w2.send("events", b"x")
+            assert w2.stats()["worker"]["send_errors"] == 1
+
+
 BAD_CALLS = [
     ({"value": 12}, InvalidRecordError),
     ({"value": np.int64(12)}, InvalidRecordError),  # a buffer, but of int64, not bytes

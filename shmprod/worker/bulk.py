@@ -147,8 +147,7 @@ def _headers(headers: Any, n: int) -> tuple[Any, bool, int]:
     sections: list[bytes | None] = [None] * n if encode is None else encode(rows)
     for i, section in enumerate(sections):
         if section is None:
-            h = rows[i]
-            sections[i] = encoded_headers(list(h.items()) if isinstance(h, Mapping) else h)
+            sections[i] = encoded_headers(rows[i])
     done = cast("list[bytes]", sections)
     return done, True, max(map(len, done), default=1)
 

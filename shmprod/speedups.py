@@ -11,22 +11,20 @@ do the same in Python. The tests run both and compare them.
 * :class:`FutureCore`: a record future's stage and row;
   :class:`shmprod.futures.RecordFuture` subclasses it.
 * :class:`Stager`: the common case of ``Worker.send`` (bytes, bytearray (copied), str or
-  None key and value;
-  headers none, or a dict or list of (str, bytes | str | None) pairs, encoded here into
-  the row's section; no partition, or one the stage knows whose batch has room; the
-  topic's one stage has room): stages the row and returns its future; None when nothing
-  was staged and the Python path must handle the record. A stage's first row with
-  headers, and its first with an explicit partition, take the Python path, which makes
-  the stage's list of sections or of partitions.
+  None key and value; headers none, or a dict or list of (str, bytes | str | None)
+  pairs, encoded here into the row's section; no partition, or one the stage knows
+  whose batch has room; the topic's one stage has room): stages the row and returns
+  its future; None when nothing was staged and the Python path must handle the record.
+  A stage's first row with headers, and its first with an explicit partition, take the
+  Python path, which makes the stage's list of sections or of partitions.
 * :data:`SendMethod`: ``Worker.send`` as a method descriptor in C: when the Worker's
   ``_fast`` is its :class:`Stager` (open, no serializers) and the stager stages the row,
   no Python frame runs for the call; otherwise the Python method it wraps runs with the
   same arguments. C only (None without the extension: ``send`` is the Python method).
 * :func:`plan_batches`, :func:`encode_records`, :func:`staged_lengths`: rows (a stage's
-  lists with their encoded headers sections, or ``send_batch``'s Arrow arrays with one
-  shared section, or the chunks of the ``send_batch`` calls held together) cut into
-  batches and each record written
-  straight into its pool buffer, one copy of each key and value
+  lists, or ``send_batch``'s Arrow arrays, or the chunks of the ``send_batch`` calls
+  held together; one headers section for every row, or one per row) cut into batches
+  and each record written straight into its pool buffer, one copy of each key and value
   (:mod:`shmprod.worker.direct`). They exist in C only (None without the extension):
   without them the vectorised Arrow path (:mod:`shmprod.protocol.vectorized`) encodes
   the same bytes.

@@ -53,12 +53,13 @@ HEADER_KINDS = ("shmprod send", "confluent-kafka produce", "kafka-python send")
 """The kinds that take ``--headers`` (per-record calls, where each record carries its own)."""
 
 
-def header_lists(count: int, n: int, first: int = 0) -> list[list[tuple[str, bytes]]] | None:
-    """``count`` headers for each of ``n`` records (None when ``count`` is 0): key
-    ``h<j>``, an 8-byte value that differs per record (a sequence number or trace id)."""
+def header_lists(count: int, n: int) -> list[list[tuple[str, bytes]] | None]:
+    """The headers of each of ``n`` records: ``count`` of them, key ``h<j>`` and an
+    8-byte value that differs per record (a sequence number or trace id); None for
+    every record when ``count`` is 0."""
     if not count:
-        return None
-    return [[(f"h{j}", (first + i + j).to_bytes(8, "big")) for j in range(count)] for i in range(n)]
+        return [None] * n
+    return [[(f"h{j}", (i + j).to_bytes(8, "big")) for j in range(count)] for i in range(n)]
 
 
 def _lists(values: pa.Array, keys: pa.Array | None) -> tuple[list[bytes], list[bytes | None]]:
@@ -101,7 +102,7 @@ def _shmprod_send(
     from shmprod import attach
 
     vlist, klist = _lists(values, keys)
-    hlist = header_lists(spec["headers"], len(vlist)) or [None] * len(vlist)
+    hlist = header_lists(spec["headers"], len(vlist))
     w = attach(spec["handle"])
     topic = spec["topic"]
     w.send(topic, b"warm-up").result(60)  # every kind: one record acknowledged first
@@ -228,7 +229,7 @@ def _confluent_produce(
     from confluent_kafka import Producer
 
     vlist, klist = _lists(values, keys)
-    hlist = header_lists(spec["headers"], len(vlist)) or [None] * len(vlist)
+    hlist = header_lists(spec["headers"], len(vlist))
     p = Producer(_confluent_config(spec))
     p.produce(spec["topic"], b"warm-up")  # connected, metadata and producer id known
     if p.flush(60):
@@ -311,7 +312,7 @@ def _kafka_python(
     from kafka import KafkaProducer
 
     vlist, klist = _lists(values, keys)
-    hlist = header_lists(spec["headers"], len(vlist)) or [None] * len(vlist)
+    hlist = header_lists(spec["headers"], len(vlist))
     p = KafkaProducer(
         bootstrap_servers=spec["bootstrap"],
         acks="all",

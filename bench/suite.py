@@ -297,13 +297,13 @@ def _ceiling(
     values, keys = _peers.make_columns(7, per_batch * PARTITIONS, cell["value_size"], cell["keyed"])
     vlist = values.to_pylist()
     klist = keys.to_pylist() if keys is not None else [None] * len(vlist)
-    hlist = _peers.header_lists(headers, len(vlist)) or [[]] * len(vlist)
+    hlist = _peers.header_lists(headers, len(vlist))
     now = int(time.time() * 1000)
     parts = []
     for p in range(PARTITIONS):
         rows = range(p * per_batch, (p + 1) * per_batch)
         batch = encode_batch(
-            [NewRecord(klist[i], vlist[i], hlist[i]) for i in rows],
+            [NewRecord(klist[i], vlist[i], hlist[i] or []) for i in rows],
             base_timestamp_ms=now,
             settings=BatchSettings(codec),
         )

@@ -89,7 +89,7 @@ def header_rows(arr: pa.Array | pa.ChunkedArray) -> list[list[tuple[str, bytes |
     headers.
 
     The headers of every row are read as two flat columns (keys, values) and sliced
-    per row: about 0.9 us a row of two headers, where reading each row's list of dicts
+    per row: 1.1-1.9 us a row of two headers, where reading each row's list of dicts
     (``to_pylist`` of the column) took 5.3 us (100,000 rows)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()

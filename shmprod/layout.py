@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Final
 
 MAGIC: Final = b"SHMPROD\x01"
@@ -239,31 +240,31 @@ class Geometry:
         size = _align(min(batch_size, BUFFER_UNIT_MAX), CACHE_LINE)
         return cls(n_buffers=max(2, buffer_memory // size), buffer_size=size)
 
-    @property
+    @cached_property
     def stats(self) -> int:
         return HEADER_SIZE
 
-    @property
+    @cached_property
     def workers(self) -> int:
         return self.stats + STATS_SIZE
 
-    @property
+    @cached_property
     def topics(self) -> int:
         return self.workers + self.max_workers * WORKER_SLOT_SIZE
 
-    @property
+    @cached_property
     def partitions(self) -> int:
         return self.topics + self.max_topics * TOPIC_SLOT_SIZE
 
-    @property
+    @cached_property
     def descriptors(self) -> int:
         return self.partitions + self.max_partitions * PARTITION_SLOT_SIZE
 
-    @property
+    @cached_property
     def data(self) -> int:
         return _align(self.descriptors + self.n_buffers * DESCRIPTOR_SIZE, PAGE)
 
-    @property
+    @cached_property
     def segment_size(self) -> int:
         return _align(self.data + self.n_buffers * self.buffer_size, PAGE)
 

@@ -31,6 +31,10 @@
  * gives a batch's CRC after its producer state is rewritten, without reading the batch
  * again.
  *
+ * And three for spare pool buffers, worker and sender, without a twin (Python has no
+ * compare-and-swap on shared memory; without them there are no spares): claim_words,
+ * swap_word and store_word change a DESCRIPTOR's state and owner as one atomic word.
+ *
  * Runs in: worker (the thread that calls send(), or the one flushing). Holds the GIL
  * throughout; the lock is the Worker's state lock, taken and released through its own
  * methods.
@@ -1886,7 +1890,125 @@ crc32c_patch(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLong((unsigned long)((uint32_t)crc ^ crc32c_zeros(reg, tail)));
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* Spare buffers: a DESCRIPTOR's state and owner as one atomic word                      */
+/* ------------------------------------------------------------------------------------ */
+
+/* The 8-byte word at ``off`` of ``v``, or NULL (ValueError) when it is outside the
+ * buffer or not 8-byte aligned (an atomic operation needs both). */
+static uint64_t *
+word_at(Py_buffer *v, Py_ssize_t off)
+{
+    if (off < 0 || off > v->len - 8) {
+        PyErr_Format(PyExc_ValueError, "word at %zd outside a %zd-byte buffer", off, v->len);
+        return NULL;
+    }
+    char *p = (char *)v->buf + off;
+    if (((uintptr_t)p & 7u) != 0) {
+        PyErr_Format(PyExc_ValueError, "word at %zd is not 8-byte aligned", off);
+        return NULL;
+    }
+    return (uint64_t *)p;
+}
+
+static PyObject *
+claim_words(PyObject *mod, PyObject *args)
+{
+    Py_buffer v;
+    Py_ssize_t base, stride, n, count, start;
+    unsigned long long expected, desired;
+    if (!PyArg_ParseTuple(args, "w*nnnKKnn:claim_words", &v, &base, &stride, &n, &expected,
+                          &desired, &count, &start)) {
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (n < 0 || stride < 8 || count < 0 || start < 0 || (n > 0 && start >= n) ||
+        (n > 0 && (base < 0 || base > v.len || (v.len - base - 8) / stride < n - 1))) {
+        PyErr_SetString(PyExc_ValueError, "claim_words: words outside the buffer");
+        goto done;
+    }
+    out = PyList_New(0);
+    if (out == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n && PyList_GET_SIZE(out) < count; k++) {
+        Py_ssize_t i = (start + k) % n;
+        uint64_t *w = word_at(&v, base + i * stride);
+        if (w == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        if (__atomic_load_n(w, __ATOMIC_RELAXED) != (uint64_t)expected) {
+            continue;
+        }
+        uint64_t want = (uint64_t)expected;
+        if (__atomic_compare_exchange_n(w, &want, (uint64_t)desired, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(out, index) < 0) {
+                Py_XDECREF(index);
+                Py_CLEAR(out);
+                goto done;
+            }
+            Py_DECREF(index);
+        }
+    }
+done:
+    PyBuffer_Release(&v);
+    return out;
+}
+
+static PyObject *
+swap_word(PyObject *mod, PyObject *args)
+{
+    Py_buffer v;
+    Py_ssize_t off;
+    unsigned long long expected, desired;
+    if (!PyArg_ParseTuple(args, "w*nKK:swap_word", &v, &off, &expected, &desired)) {
+        return NULL;
+    }
+    uint64_t *w = word_at(&v, off);
+    if (w == NULL) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    uint64_t seen = (uint64_t)expected;
+    __atomic_compare_exchange_n(w, &seen, (uint64_t)desired, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(seen);
+}
+
+static PyObject *
+store_word(PyObject *mod, PyObject *args)
+{
+    Py_buffer v;
+    Py_ssize_t off;
+    unsigned long long value;
+    if (!PyArg_ParseTuple(args, "w*nK:store_word", &v, &off, &value)) {
+        return NULL;
+    }
+    uint64_t *w = word_at(&v, off);
+    if (w != NULL) {
+        __atomic_store_n(w, (uint64_t)value, __ATOMIC_RELEASE);
+    }
+    PyBuffer_Release(&v);
+    if (w == NULL) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef speedups_methods[] = {
+    {"claim_words", claim_words, METH_VARARGS,
+     "claim_words(buf, base, stride, n, expected, desired, count, start) -> [index]: "
+     "swaps, one by one from index start (wrapping), up to count of the n 8-byte words at "
+     "base + index * stride that hold expected to desired, atomically."},
+    {"swap_word", swap_word, METH_VARARGS,
+     "swap_word(buf, off, expected, desired) -> the word seen: desired was written (a "
+     "compare-and-swap) if and only if it equals expected."},
+    {"store_word", store_word, METH_VARARGS,
+     "store_word(buf, off, value): an atomic 8-byte store (release ordering)."},
     {"staged_lengths", staged_lengths, METH_VARARGS,
      "staged_lengths(values, keys, out): key + value bytes per staged row into out."},
     {"plan_batches", plan_batches, METH_VARARGS,

@@ -1,7 +1,7 @@
 """The control plane between workers and the sender: small messages on a UNIX socket.
 
 Records never travel here: they are in shared memory. A message moves the ownership of
-a buffer (``ALLOC``/``GRANT``/``SEALED``/``RELEASE``), asks for a topic (``TOPIC``), or
+a buffer (``ALLOC``/``GRANT``/``CLAIMED``/``SEALED``/``RELEASE``), asks for a topic (``TOPIC``), or
 reports a batch's outcome (``DONE``): one message per batch, never per record. The
 socket also carries liveness: a worker sees EOF when the sender dies, the sender when a
 worker dies, and reacts at once.
@@ -123,6 +123,17 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
+class Claimed:
+    """worker → sender: spare buffers this worker took without asking (each one's
+    DESCRIPTOR word swapped from SPARE to GRANTED by this worker's slot); they are now
+    granted to it, as if by a Grant. Sent before any Sealed of them."""
+
+    TYPE: ClassVar[int] = 15
+    FMT: ClassVar[struct.Struct] = struct.Struct("<")
+    buffers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TopicRequest:
     """worker → sender: make ``name`` known in the metadata table."""
 
@@ -236,6 +247,7 @@ Message = (
     | Grant
     | Sealed
     | Release
+    | Claimed
     | TopicRequest
     | TopicInfo
     | Done
@@ -255,6 +267,7 @@ _TYPES: Final[dict[int, type[Message]]] = {
         Grant,
         Sealed,
         Release,
+        Claimed,
         TopicRequest,
         TopicInfo,
         Done,
@@ -273,7 +286,7 @@ _STR_FIELD = {
     Fatal: "message",
     Ready: "message",
 }
-_LIST_FIELD = {Grant: "buffers", Release: "buffers"}
+_LIST_FIELD = {Grant: "buffers", Release: "buffers", Claimed: "buffers"}
 
 
 def encode(msg: Message) -> bytes:

@@ -35,7 +35,10 @@ Ownership instead of locks: the sender owns the free list (in its own memory) an
 grants buffers to a worker over the control socket; the worker alone writes a granted
 buffer until it hands the sealed batch back (``SEALED``); then the sender alone reads
 it until the batch completes and the buffer is free again. A socket message (a system
-call, so a full memory barrier) separates every change of owner. Counters in STATS,
+call, so a full memory barrier) separates every change of owner but one: a SPARE
+buffer (free, offered to every worker) goes to the worker that swaps its DESCRIPTOR's
+state and owner (``D_WORD``, one aligned 8-byte word) from SPARE to GRANTED by its slot,
+a compare-and-swap in the C extension, which the sender uses too to take a spare back. Counters in STATS,
 WORKERS and PARTITIONS have one writer each; readers (``stats()``) may see a value one
 update old, never a torn one on 64-bit platforms (aligned 8-byte fields).
 
@@ -53,7 +56,7 @@ from functools import cached_property
 from typing import Final
 
 MAGIC: Final = b"SHMPROD\x01"
-LAYOUT_VERSION: Final = 2
+LAYOUT_VERSION: Final = 3
 CACHE_LINE: Final = 64
 PAGE: Final = 4096
 
@@ -108,6 +111,7 @@ S_BATCHES_SPLIT: Final = 128  # batches split after MESSAGE_TOO_LARGE
 S_EPOCH_BUMPS: Final = 136  # producer epoch bumped by the sender itself (KIP-360)
 S_PRODUCER_ID_RESETS: Final = 144  # new producer ids taken after the first
 S_BATCHES_REQUESTED: Final = 152  # batches written into produce requests (retries too)
+S_BUFFERS_SPARE: Final = 160  # free buffers any worker may claim without asking (BUF_SPARE)
 STATS_FIELDS: Final = (
     ("batches_received", S_BATCHES_RECEIVED),
     ("batches_sent", S_BATCHES_SENT),
@@ -129,6 +133,7 @@ STATS_FIELDS: Final = (
     ("epoch_bumps", S_EPOCH_BUMPS),
     ("producer_id_resets", S_PRODUCER_ID_RESETS),
     ("batches_requested", S_BATCHES_REQUESTED),
+    ("buffers_spare", S_BUFFERS_SPARE),
 )
 STATS_SIZE: Final = 4 * CACHE_LINE
 
@@ -147,6 +152,7 @@ W_RECORDS_FAILED: Final = 64  # u64
 W_BUFFER_WAITS: Final = 72  # u64: times the worker waited for the sender to grant buffers
 W_BUFFER_WAIT_NS: Final = 80  # u64: time spent in those waits
 W_BUFFER_WAITS_POOL_FREE: Final = 88  # u64: those waits while half the pool or more was free
+W_SPARES_CLAIMED: Final = 96  # u64: spare buffers this worker claimed without asking
 WORKER_SLOT_SIZE: Final = 2 * CACHE_LINE
 
 WORKER_FREE: Final = 0
@@ -200,6 +206,25 @@ BUF_OPEN: Final = 2  # a worker is appending records
 BUF_SEALED: Final = 3  # handed to the sender, waiting to be sent
 BUF_IN_FLIGHT: Final = 4  # in a request not yet answered
 BUF_CONT: Final = 5  # continuation of a run; its first buffer describes the batch
+BUF_SPARE: Final = 6  # free, and claimable by any worker without asking (sender/pool.py)
+
+D_WORD: Final = D_STATE  # u64: D_STATE and D_OWNER read and changed as one atomic word
+assert D_OWNER == D_STATE + 4 and D_WORD % 8 == 0 and DESCRIPTOR_SIZE % 8 == 0
+
+
+def descriptor_word(state: int, owner: int) -> int:
+    """D_STATE and D_OWNER as the one little-endian word at D_WORD (owner -1: nobody)."""
+    return (state & 0xFFFFFFFF) | ((owner & 0xFFFFFFFF) << 32)
+
+
+def word_owner(word: int) -> int:
+    """The D_OWNER half of a D_WORD value, signed."""
+    owner = (word >> 32) & 0xFFFFFFFF
+    return owner - (1 << 32) if owner >= 1 << 31 else owner
+
+
+SPARE_WORD: Final = descriptor_word(BUF_SPARE, -1)
+FREE_WORD: Final = descriptor_word(BUF_FREE, -1)
 
 # ---------------------------------------------------------------------------
 # Packing helpers (struct objects shared by every reader and writer)

@@ -29,6 +29,10 @@ do the same in Python. The tests run both and compare them.
   without them the vectorised Arrow path (:mod:`shmprod.protocol.vectorized`) encodes
   the same bytes.
 
+* :func:`claim_words`, :func:`swap_word`, :func:`store_word`: atomic 8-byte words in
+  shared memory, for spare pool buffers (:mod:`shmprod.sender.pool`). C only: Python has
+  no compare-and-swap; without them the sender keeps no spares and workers ask.
+
 Runs in: worker. ``Stager`` takes the Worker's state lock when another thread holds it
 (see ``_speedups.c``).
 """
@@ -326,3 +330,11 @@ murmur2_partitions: Callable[..., None] | None = None if _C is None else _C.murm
 header_sections: Callable[[list[Any]], list[bytes | None]] | None = (
     None if _C is None else _C.header_sections
 )
+# Atomic words in shared memory, for spare buffers (C only: Python has no compare-and-swap
+# on shared memory; without the extension the sender keeps no spares and workers ask).
+#: claim_words(buf, base, stride, n, expected, desired, count, start) -> [index]
+claim_words: Callable[..., list[int]] | None = None if _C is None else _C.claim_words
+#: swap_word(buf, off, expected, desired) -> the word seen (swapped if it was expected)
+swap_word: Callable[..., int] | None = None if _C is None else _C.swap_word
+#: store_word(buf, off, value): an atomic 8-byte store
+store_word: Callable[..., None] | None = None if _C is None else _C.store_word

@@ -62,7 +62,7 @@ from shmprod.sender.metadata import Metadata
 from shmprod.sender.network import ConnState, NodeConnection
 from shmprod.sender.nodes import Nodes
 from shmprod.sender.poller import Poller
-from shmprod.sender.pool import BufferPool
+from shmprod.sender.pool import BufferPool, spare_target
 from shmprod.sender.produce import build_request
 from shmprod.sender.producer_id import ProducerIdDriver
 from shmprod.sender.requests import ProduceHandler
@@ -96,7 +96,7 @@ class Sender:
         self.view = view
         self.geo = L.read_geometry(view)
         self.shared = SharedState(view, self.geo)
-        self.pool = BufferPool(self.shared)
+        self.pool = BufferPool(self.shared, spare_target(self.geo.n_buffers))
         self.acc = Accumulator(self.shared)
         self.identity = ProducerIdentity(cfg.enable_idempotence)
         self.pid = ProducerIdDriver(self.identity, cfg.retry_backoff_ms, cfg.retry_backoff_max_ms)

@@ -20,21 +20,47 @@ Allocation policy (documented contract):
   (RecordTooLargeError code) or more buffers in total than the pool holds
   (BufferExhaustedError code: ask in smaller chunks).
 
+- Spare buffers: while no request waits, up to ``spares`` free buffers (made while
+  they are a quarter of what is free at most) are described SPARE in shared memory. A worker short of buffers
+  claims one by swapping its DESCRIPTOR word from SPARE to GRANTED by its slot (an
+  atomic compare-and-swap: one claimer wins) and tells the sender with ``Claimed``
+  before it seals the buffer; a flush never waits for a Grant while spares last, however
+  late the sender runs. The sender takes its spares back the same way (SPARE to FREE)
+  before a request would wait, so the FIFO above holds: no spare exists while anyone
+  waits. A spare whose swap back fails was claimed; it is the claimer's once its
+  ``Claimed`` is read, or freed when that worker goes without sending it.
+
 Grants are tracked per worker connection (``owner``) so a dead worker's unsealed
 buffers come back (:meth:`BufferPool.reclaim`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 
 from shmprod import layout as L
+from shmprod import speedups
 from shmprod.errors import BufferExhaustedError, ProducerClosedError, RecordTooLargeError
 from shmprod.sender.shmstate import SharedState
 
 FREE = 1
 USED = 0
+SPARE_MIN_POOL = 16  # a smaller pool keeps no spares: every buffer goes through the FIFO
+
+log = logging.getLogger("shmprod.sender")
+
+# what a spare's state can be once a worker claimed it
+_CLAIMED_STATES = frozenset((L.BUF_GRANTED, L.BUF_OPEN, L.BUF_SEALED, L.BUF_CONT))
+
+
+def spare_target(n_buffers: int) -> int:
+    """The spares a pool of ``n_buffers`` keeps ready: an eighth of it; none in a pool of
+    fewer than SPARE_MIN_POOL buffers, or without the C extension (no atomic swap)."""
+    if speedups.claim_words is None or speedups.swap_word is None or n_buffers < SPARE_MIN_POOL:
+        return 0
+    return n_buffers // 8
 
 
 @dataclass(slots=True)
@@ -62,7 +88,7 @@ class BufferPool:
     """Free list + grants + FIFO of waiters. Runs in: sender (its own memory; DESCRIPTOR
     and STATS writes go through :class:`SharedState`, no lock needed)."""
 
-    def __init__(self, shared: SharedState) -> None:
+    def __init__(self, shared: SharedState, spares: int = 0) -> None:
         self._shared = shared
         self.n_buffers = shared.geo.n_buffers
         self._free = bytearray([FREE]) * self.n_buffers
@@ -70,6 +96,11 @@ class BufferPool:
         self._waiters: deque[_Waiter] = deque()
         # owner -> {first buffer: run} of runs granted and not yet sealed or released
         self._grants: dict[int, dict[int, int]] = {}
+        self._spare_target = spares
+        self._spare: set[int] = set()  # described SPARE: free, claimable without asking
+        # buffer -> worker slot: spares a worker claimed before the sender took them
+        # back, whose Claimed is not read yet
+        self._claimed: dict[int, int] = {}
         self.closed = False
         for b in range(self.n_buffers):
             shared.describe_run(b, 1, L.BUF_FREE, -1)
@@ -79,7 +110,12 @@ class BufferPool:
 
     @property
     def n_free(self) -> int:
-        return self._n_free
+        """Buffers nobody holds: the free list and the spares."""
+        return self._n_free + len(self._spare)
+
+    @property
+    def n_spare(self) -> int:
+        return len(self._spare)
 
     @property
     def n_waiting(self) -> int:
@@ -106,7 +142,7 @@ class BufferPool:
         if run * count > self.n_buffers:
             return AllocResult(owner, request_id, run, BufferExhaustedError.code)
         if not self._waiters:
-            firsts = self._take(run, count)
+            firsts = self._take_any(run, count)
             if firsts is not None:
                 return self._grant(owner, owner_slot, request_id, run, firsts)
         self._waiters.append(_Waiter(owner, owner_slot, request_id, run, count, now_ns))
@@ -141,6 +177,15 @@ class BufferPool:
         self._n_free -= run * count
         return firsts
 
+    def _take_any(self, run: int, count: int) -> list[int] | None:
+        """:meth:`_take`, taking the spares back first when the free list is short: a
+        request never waits while spares are kept."""
+        firsts = self._take(run, count)
+        if firsts is None and self._spare:
+            self._unspare_all()
+            firsts = self._take(run, count)
+        return firsts
+
     def _grant(
         self, owner: int, owner_slot: int, request_id: int, run: int, firsts: list[int]
     ) -> AllocResult:
@@ -156,7 +201,7 @@ class BufferPool:
         out: list[AllocResult] = []
         while self._waiters:
             w = self._waiters[0]
-            firsts = self._take(w.run, w.count)
+            firsts = self._take_any(w.run, w.count)
             if firsts is None:
                 break
             self._waiters.popleft()
@@ -202,14 +247,22 @@ class BufferPool:
         self._shared.describe_run(first, run, L.BUF_FREE, -1)
         return self._serve()
 
-    def reclaim(self, owner: int) -> tuple[int, list[AllocResult]]:
-        """Takes back every run granted to ``owner`` and drops its waiting requests.
+    def reclaim(self, owner: int, slot: int | None = None) -> tuple[int, list[AllocResult]]:
+        """Takes back every run granted to ``owner`` and drops its waiting requests; with
+        its worker ``slot``, the spares it claimed too, announced or not.
 
         Returns (buffers reclaimed, grants now possible for others). Runs in: sender,
         after ``owner``'s control connection ended (a dead worker, or Bye).
         """
         self.drop_waiters(owner)
         grants = self._grants.pop(owner, {})
+        if slot is not None:
+            for b in [b for b in self._spare if self._claimer(b) == slot]:
+                self._spare.discard(b)
+                grants[b] = 1
+            for b in [b for b, s in self._claimed.items() if s == slot]:
+                del self._claimed[b]
+                grants[b] = 1
         n = 0
         served: list[AllocResult] = []
         for first, run in sorted(grants.items()):
@@ -218,14 +271,80 @@ class BufferPool:
         served.extend(self._serve())
         return n, served
 
+    # -- spare buffers -------------------------------------------------------------------
+
+    def claim(self, owner: int, slot: int, buffers: tuple[int, ...]) -> list[int]:
+        """``owner`` (worker ``slot``) says it claimed ``buffers`` (``Claimed``): each one
+        that was a spare and whose word names the slot is now granted to it. Returns
+        the others (nothing changed for them)."""
+        grants = self._grants.setdefault(owner, {})
+        refused: list[int] = []
+        for b in buffers:
+            if b in self._spare and self._claimer(b) == slot:
+                self._spare.discard(b)
+            elif self._claimed.get(b) == slot:
+                del self._claimed[b]
+            else:
+                refused.append(b)
+                continue
+            grants[b] = 1
+        self._publish()
+        return refused
+
+    def _unspare_all(self) -> None:
+        """Every spare back to the free list (swapped SPARE to FREE). One a worker claimed
+        meanwhile waits for its Claimed (or its worker's end); a word that is neither
+        spare nor a worker's claim was scribbled over, and the buffer is simply free."""
+        for b in sorted(self._spare):
+            seen = self._shared.take_back_spare(b)
+            if seen != L.SPARE_WORD:
+                claimer = self._claimer(b, seen)
+                if claimer is not None:
+                    self._claimed[b] = claimer
+                    continue
+                log.warning("spare buffer %d holds no claim (word %#x): freed", b, seen)
+                self._shared.describe_run(b, 1, L.BUF_FREE, -1)
+            self._free[b] = FREE
+            self._n_free += 1
+        self._spare.clear()
+
+    def _claimer(self, buffer: int, word: int | None = None) -> int | None:
+        """The worker slot that claimed spare ``buffer``, from its word (read now when
+        not given): its owner, with a state only a worker writes after a claim
+        (GRANTED, then OPEN, SEALED or CONT as it writes the batch); None otherwise."""
+        if word is None:
+            word = self._shared.word(buffer)
+        owner = L.word_owner(word)
+        if word & 0xFFFFFFFF in _CLAIMED_STATES and 0 <= owner < self._shared.geo.max_workers:
+            return owner
+        return None
+
+    def _refill(self) -> None:
+        """Tops the spares up while no request waits: up to the target, new ones only
+        while they stay a quarter of the buffers nobody holds at most. (Spares left when
+        the free list empties stay: a request takes them back first.)"""
+        if not self._spare_target or self._waiters or self.closed:
+            return
+        want = min(self._spare_target, self.n_free // 4) - len(self._spare)
+        if want <= 0:
+            return
+        firsts = self._take(1, want)
+        if firsts is None:
+            return
+        for b in firsts:
+            self._shared.make_spare(b)
+            self._spare.add(b)
+
     def drop_waiters(self, owner: int) -> None:
         if any(w.owner == owner for w in self._waiters):
             self._waiters = deque(w for w in self._waiters if w.owner != owner)
             self._publish()
 
     def close(self) -> list[AllocResult]:
-        """Stops granting: every waiter is refused with ProducerClosedError's code."""
+        """Stops granting: every waiter is refused with ProducerClosedError's code, and
+        the spares are taken back."""
         self.closed = True
+        self._unspare_all()
         out = [
             AllocResult(w.owner, w.request_id, w.run, ProducerClosedError.code)
             for w in self._waiters
@@ -235,5 +354,7 @@ class BufferPool:
         return out
 
     def _publish(self) -> None:
-        self._shared.set(L.S_BUFFERS_FREE, self._n_free)
+        self._refill()
+        self._shared.set(L.S_BUFFERS_FREE, self.n_free)
+        self._shared.set(L.S_BUFFERS_SPARE, len(self._spare))
         self._shared.set(L.S_ALLOC_WAITERS, len(self._waiters))

@@ -12,6 +12,7 @@ a torn one: every field is an aligned 4- or 8-byte store.
 from __future__ import annotations
 
 from shmprod import layout as L
+from shmprod import speedups
 
 
 class SharedState:
@@ -193,3 +194,29 @@ class SharedState:
 
     def set_descriptor_state(self, buffer: int, state: int) -> None:
         L.U32.pack_into(self.view, self.geo.descriptor(buffer) + L.D_STATE, state)
+
+    # -- spare buffers: a DESCRIPTOR's word changed atomically (C only) -------------------
+
+    def make_spare(self, buffer: int) -> None:
+        """Describes a free buffer as SPARE (any worker may claim it): run 1, no
+        partition, then state and owner in one atomic store with release ordering, so a
+        worker whose swap sees SPARE sees the rest too. Runs in: sender, for a free
+        buffer it owns."""
+        assert speedups.store_word is not None
+        off = self.geo.descriptor(buffer)
+        L.U32.pack_into(self.view, off + L.D_RUN, 1)
+        L.I32.pack_into(self.view, off + L.D_PARTITION, -1)
+        speedups.store_word(self.view, off + L.D_WORD, L.SPARE_WORD)
+
+    def take_back_spare(self, buffer: int) -> int:
+        """Swaps a SPARE buffer's word to FREE (the sender's again), atomically. Returns
+        the word seen: SPARE_WORD when taken back; any other word (a worker's claim, or
+        a scribble) is left as it is. Runs in: sender."""
+        assert speedups.swap_word is not None
+        return speedups.swap_word(
+            self.view, self.geo.descriptor(buffer) + L.D_WORD, L.SPARE_WORD, L.FREE_WORD
+        )
+
+    def word(self, buffer: int) -> int:
+        """A buffer's D_WORD (state and owner) as it is now. Runs in: sender."""
+        return int(L.U64.unpack_from(self.view, self.geo.descriptor(buffer) + L.D_WORD)[0])

@@ -194,6 +194,10 @@ class Workers:
             result = self.pool.alloc(conn.id, conn.slot, msg.request_id, msg.run, msg.count, now)
             if result is not None:
                 self.send_grants([result])
+        elif isinstance(msg, ipc.Claimed):
+            refused = self.pool.claim(conn.id, conn.slot, msg.buffers)
+            if refused:
+                log.warning("%r claimed buffers %s that were not spares it took", conn, refused)
         elif isinstance(msg, ipc.Release):
             for first in msg.buffers:
                 served = self.pool.release(conn.id, first, msg.run)
@@ -260,7 +264,7 @@ class Workers:
         if not conn.authenticated:
             return
         died = not conn.bye
-        reclaimed, served = self.pool.reclaim(conn.id)
+        reclaimed, served = self.pool.reclaim(conn.id, conn.slot)
         self.metadata.drop_owner(conn.id)
         self._slots[conn.slot] = False
         self.shared.add(L.S_WORKERS_ATTACHED, -1)

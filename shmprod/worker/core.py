@@ -48,7 +48,7 @@ from typing import Final
 
 import numpy as np
 
-from shmprod import ipc
+from shmprod import ipc, speedups
 from shmprod import layout as L
 from shmprod.config import ProducerConfig
 from shmprod.errors import (
@@ -202,6 +202,7 @@ class WorkerCore:
         self._buffer_waits = 0  # times a thread waited for the sender to grant buffers
         self._buffer_wait_ns = 0
         self._buffer_waits_pool_free = 0  # ... while at least half the pool was free
+        self._spares_claimed = 0  # spare buffers taken without asking
 
         self._rand = default_random_source()
 
@@ -317,6 +318,7 @@ class WorkerCore:
         pack(v, base + L.W_BUFFER_WAITS, self._buffer_waits)
         pack(v, base + L.W_BUFFER_WAIT_NS, self._buffer_wait_ns)
         pack(v, base + L.W_BUFFER_WAITS_POOL_FREE, self._buffer_waits_pool_free)
+        pack(v, base + L.W_SPARES_CLAIMED, self._spares_claimed)
 
     # ------------------------------------------------------------------------------
     # flushes: stages and send_batch hand batches over one at a time
@@ -524,6 +526,13 @@ class WorkerCore:
             got = self._stock_runs_locked(run, count)
             if len(got) == count:
                 return got
+        if run == 1:
+            got += self._claim_spares_locked(count - len(got))
+            if got and (len(got) == count or partial):
+                self._grow_lease(count)
+                with contextlib.suppress(ShmprodError):
+                    self._replenish_locked()
+                return got
         need = count - len(got)
         if run > 1 and self._stock and self._pool_free() < run * need:
             # the stock may be what the pool lacks for these runs: it goes back first
@@ -577,6 +586,34 @@ class WorkerCore:
         if len(got) > count:
             self._give_back_locked(got[count:], run)
         return got[:count]
+
+    def _claim_spares_locked(self, count: int) -> list[int]:
+        """Up to ``count`` of the sender's spare buffers, claimed without asking: each
+        DESCRIPTOR word swapped from SPARE to GRANTED by this slot (one claimer wins),
+        then ``Claimed`` tells the sender, before any Sealed of them. A flush short of
+        stock takes these instead of waiting for a Grant, however late the sender runs.
+        (Measured: a flush waited 10.5 ms for a refill while half the pool was free, on
+        a machine whose two cores ran four sending processes and the broker.) Nothing
+        without the C extension (no atomic swap); nothing while a request waits (the
+        sender keeps no spares then). Runs in: worker, state lock held."""
+        claim = speedups.claim_words
+        if claim is None or count <= 0 or self._fatal is not None:
+            return []
+        geo = self._geo
+        got: list[int] = claim(
+            self._view,
+            geo.descriptors + L.D_WORD,
+            L.DESCRIPTOR_SIZE,
+            geo.n_buffers,
+            L.SPARE_WORD,
+            L.descriptor_word(L.BUF_GRANTED, self._slot),
+            count,
+            0,
+        )
+        if got:
+            self._spares_claimed += len(got)
+            self._send_msg_locked(ipc.Claimed(tuple(got)))
+        return got
 
     def _take_arrived_grants_locked(self) -> None:
         """Applies, as a waiter does (:meth:`_apply_for_waiters_locked`), what reached

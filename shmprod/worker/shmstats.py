@@ -35,9 +35,10 @@ WORKER_FIELDS = (
     ("buffer_waits", L.W_BUFFER_WAITS),
     ("buffer_wait_ns", L.W_BUFFER_WAIT_NS),
     ("buffer_waits_pool_half_free", L.W_BUFFER_WAITS_POOL_FREE),
+    ("spares_claimed", L.W_SPARES_CLAIMED),
 )
 
-_BUF_STATES = ("free", "granted", "open", "sealed", "in_flight", "cont")
+_BUF_STATES = ("free", "granted", "open", "sealed", "in_flight", "cont", "spare")
 _STATES = ("starting", "running", "closing", "closed", "failed")
 
 
@@ -111,7 +112,8 @@ def batching(worker: dict[str, Any], sender: dict[str, Any]) -> dict[str, float]
     """How well records are batched, to spot a degenerate pattern at a glance: records
     per batch (this process, and the whole producer), batches per produce request, and
     how often and how long this process waited for the sender to grant buffers (it
-    should not while the pool has room: ``buffer_waits_pool_half_free``)."""
+    should not while the pool has room: ``buffer_waits_pool_half_free``), and how many
+    spare buffers it claimed instead of waiting."""
 
     def ratio(a: float, b: float) -> float:
         return round(a / b, 2) if b else 0.0
@@ -123,4 +125,5 @@ def batching(worker: dict[str, Any], sender: dict[str, Any]) -> dict[str, float]
         "buffer_waits": worker["buffer_waits"],
         "buffer_wait_ms": round(worker["buffer_wait_ns"] / 1e6, 3),
         "buffer_waits_pool_half_free": worker["buffer_waits_pool_half_free"],
+        "spares_claimed": worker["spares_claimed"],
     }

@@ -9,7 +9,10 @@ between attach and the first flush: attach now waits for the first lease, and th
 counts as idle from then, 2 s until the first flush. One wait in a process, in 3 runs
 of 245 with three busy loops beside it, came from a third flush made while the one
 refill asked was late or unread: each flush now asks for what the lease lacks, and takes
-a Grant already in the control socket.)
+a Grant already in the control socket. One wait of 10.5 ms, in a CI run, came from a
+sender that got no CPU for several flushes: a flush short of its lease now claims the
+sender's spare buffers from shared memory, without a round trip; see
+test_spare_buffers.py.)
 (Before records were staged per process, 2 processes made 10,834 batches for 20,000
 records: each new batch waited for a buffer, so few records came within linger_ms.)
 """

@@ -1010,7 +1010,9 @@ def _after(
 
         def settled() -> bool:
             stats.update(producer.stats())
-            return bool(stats["pool"]["buffers_free"] == stats["pool"]["buffers_total"])
+            pool = stats["pool"]
+            # a spare is free too: any worker may claim it
+            return bool(pool["buffers_free"] + pool["buffers_spare"] == pool["buffers_total"])
 
         checks["pool_all_free"] = wait_until(settled, 10)
         checks["workers_died_counted"] = stats["sender"]["workers_died"] == len(row.hooks)

@@ -28,6 +28,7 @@ MESSAGES: list[ipc.Message] = [
     ipc.Bye(),
     ipc.Shutdown(500),
     ipc.Ready(0, ""),
+    ipc.Claimed((3, 4)),
 ]
 
 

@@ -21,11 +21,11 @@ Allocation policy (documented contract):
   (BufferExhaustedError code: ask in smaller chunks).
 
 - Spare buffers: while no request waits, up to ``spares`` free buffers (made while
-  they are a quarter of what is free at most) are described SPARE in shared memory. A worker short of buffers
-  claims one by swapping its DESCRIPTOR word from SPARE to GRANTED by its slot (an
-  atomic compare-and-swap: one claimer wins) and tells the sender with ``Claimed``
-  before it seals the buffer; a flush never waits for a Grant while spares last, however
-  late the sender runs. The sender takes its spares back the same way (SPARE to FREE)
+  they are a quarter of what is free at most) are described SPARE in shared memory. A
+  worker short of buffers claims one by swapping its DESCRIPTOR word from SPARE to
+  GRANTED by its slot (an atomic compare-and-swap: one claimer wins) and tells the
+  sender with ``Claimed`` before it seals the buffer; a flush never waits for a Grant
+  while spares last, however late the sender runs. The sender takes its spares back the same way (SPARE to FREE)
   before a request would wait, so the FIFO above holds: no spare exists while anyone
   waits. A spare whose swap back fails was claimed; it is the claimer's once its
   ``Claimed`` is read, or freed when that worker goes without sending it.

@@ -1,4 +1,5 @@
-"""Handing a written batch over: its DESCRIPTORs, and the fault hook of the tests.
+"""Handing a written batch over: its DESCRIPTORs, and the fault hook of the tests; and
+claiming the sender's spare buffers.
 
 Every batch -- records ``send`` staged, or rows of ``send_batch`` -- is encoded whole
 (:mod:`shmprod.worker.bulk`) straight into a granted buffer, which its worker alone
@@ -29,8 +30,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shmprod import layout as L
+from shmprod import speedups
 
-__all__ = ["FaultHook", "describe_batch", "fault_hook"]
+__all__ = ["FaultHook", "claim_spares", "describe_batch", "fault_hook"]
 
 FaultHook = Callable[[str, memoryview, int], None]
 
@@ -67,3 +69,25 @@ def describe_batch(
         L.U32.pack_into(seg, c + L.D_STATE, L.BUF_CONT)
         L.I32.pack_into(seg, c + L.D_OWNER, worker_slot)
     L.U32.pack_into(seg, d + L.D_STATE, L.BUF_SEALED)
+
+
+def claim_spares(seg: memoryview, geo: L.Geometry, worker_slot: int, count: int) -> list[int]:
+    """Up to ``count`` spare buffers, each DESCRIPTOR word swapped from SPARE to GRANTED
+    by ``worker_slot`` (of two claimers, one wins); [] without the C extension. The
+    caller then tells the sender (``Claimed``) before it seals any of them.
+
+    Runs in: worker, state lock held (the claim and its message go out in order).
+    """
+    claim = speedups.claim_words
+    if claim is None or count <= 0:
+        return []
+    return claim(
+        seg,
+        geo.descriptors + L.D_WORD,
+        L.DESCRIPTOR_SIZE,
+        geo.n_buffers,
+        L.SPARE_WORD,
+        L.descriptor_word(L.BUF_GRANTED, worker_slot),
+        count,
+        0,
+    )

@@ -48,7 +48,7 @@ from typing import Final
 
 import numpy as np
 
-from shmprod import ipc, speedups
+from shmprod import ipc
 from shmprod import layout as L
 from shmprod.config import ProducerConfig
 from shmprod.errors import (
@@ -66,7 +66,7 @@ from shmprod.protocol.records import HEADER_SIZE, BatchSettings
 from shmprod.shm import Segment
 from shmprod.speedups import Stager
 from shmprod.worker import bulk, shmstats
-from shmprod.worker.append import describe_batch
+from shmprod.worker.append import claim_spares, describe_batch
 from shmprod.worker.port import AppendPort, Written
 from shmprod.worker.staging import RECORD_OVERHEAD_MAX, STAGED_OVERHEAD, AnyStage
 from shmprod.worker.topics import TopicEntry, TopicTable
@@ -596,20 +596,9 @@ class WorkerCore:
         a machine whose two cores ran four sending processes and the broker.) Nothing
         without the C extension (no atomic swap); nothing while a request waits (the
         sender keeps no spares then). Runs in: worker, state lock held."""
-        claim = speedups.claim_words
-        if claim is None or count <= 0 or self._fatal is not None:
+        if self._fatal is not None:
             return []
-        geo = self._geo
-        got: list[int] = claim(
-            self._view,
-            geo.descriptors + L.D_WORD,
-            L.DESCRIPTOR_SIZE,
-            geo.n_buffers,
-            L.SPARE_WORD,
-            L.descriptor_word(L.BUF_GRANTED, self._slot),
-            count,
-            0,
-        )
+        got = claim_spares(self._view, self._geo, self._slot, count)
         if got:
             self._spares_claimed += len(got)
             self._send_msg_locked(ipc.Claimed(tuple(got)))

@@ -20,6 +20,7 @@ from shmprod import Producer, attach, speedups
 from shmprod import layout as L
 from shmprod.broker import EmbeddedBroker
 from shmprod.handle import Handle
+from shmprod.worker.append import claim_spares
 from tests.support.readback import consume_all
 
 pytestmark = [
@@ -65,18 +66,8 @@ def test_flushes_claim_spares_while_the_sender_cannot_run(fresh_broker: Embedded
 
 def _claim_and_die(handle: Handle, out: Any) -> None:
     w = attach(handle)
-    geo = w.geometry
-    assert speedups.claim_words is not None
-    got = speedups.claim_words(
-        w._view,
-        geo.descriptors + L.D_WORD,
-        L.DESCRIPTOR_SIZE,
-        geo.n_buffers,
-        L.SPARE_WORD,
-        L.descriptor_word(L.BUF_GRANTED, w.worker_slot),
-        5,
-        0,
-    )
+    # the claim a flush makes, without the Claimed that follows it
+    got = claim_spares(w._view, w.geometry, w.worker_slot, 5)
     out.put((w.worker_slot, got))
     time.sleep(60)  # killed here
 

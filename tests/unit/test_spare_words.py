@@ -15,6 +15,7 @@ from shmprod import ipc, speedups
 from shmprod import layout as L
 from shmprod.sender.pool import SPARE_MIN_POOL, BufferPool, spare_target
 from shmprod.sender.shmstate import SharedState
+from shmprod.worker.append import claim_spares
 
 pytestmark = pytest.mark.skipif(
     speedups.claim_words is None, reason="spare buffers need the C extension"
@@ -154,18 +155,7 @@ def stat(s: SharedState, field: int) -> int:
 
 def worker_claims(s: SharedState, slot: int, count: int) -> list[int]:
     """What a worker's flush does: the same call, the same words."""
-    claim, _, _ = _c()
-    got: list[int] = claim(  # type: ignore[operator]
-        s.view,
-        s.geo.descriptors + L.D_WORD,
-        L.DESCRIPTOR_SIZE,
-        s.geo.n_buffers,
-        L.SPARE_WORD,
-        L.descriptor_word(L.BUF_GRANTED, slot),
-        count,
-        0,
-    )
-    return got
+    return claim_spares(s.view, s.geo, slot, count)
 
 
 def spares_in_memory(s: SharedState) -> list[int]:

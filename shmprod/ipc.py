@@ -1,10 +1,10 @@
 """The control plane between workers and the sender: small messages on a UNIX socket.
 
 Records never travel here: they are in shared memory. A message moves the ownership of
-a buffer (``ALLOC``/``GRANT``/``CLAIMED``/``SEALED``/``RELEASE``), asks for a topic (``TOPIC``), or
-reports a batch's outcome (``DONE``): one message per batch, never per record. The
-socket also carries liveness: a worker sees EOF when the sender dies, the sender when a
-worker dies, and reacts at once.
+a buffer (``ALLOC``/``GRANT``/``CLAIMED``/``SEALED``/``RELEASE``), asks for a topic
+(``TOPIC``), or reports a batch's outcome (``DONE``): one message per batch, never per
+record. The socket also carries liveness: a worker sees EOF when the sender dies, the
+sender when a worker dies, and reacts at once.
 
 Wire form: ``u32 length | u8 type | payload`` (little-endian, ``length`` counts type and
 payload). Sans-IO: :func:`encode` builds bytes, :class:`MessageReader` splits a byte

@@ -38,19 +38,9 @@ from shmprod.sender.pool import BufferPool
 from shmprod.sender.produce import BatchAnswer
 from shmprod.sender.producer_id import PidStep, ProducerIdDriver
 from shmprod.sender.shmstate import SharedState
+from tests.support.segments import shared, stat
 
 MS = 1_000_000
-
-
-def shared(n_buffers: int = 8) -> SharedState:
-    geo = L.Geometry(
-        n_buffers=n_buffers, buffer_size=1024, max_workers=4, max_topics=4, max_partitions=16
-    )
-    return SharedState(memoryview(bytearray(geo.segment_size)), geo)
-
-
-def stat(s: SharedState, field: int) -> int:
-    return int(L.U64.unpack_from(s.view, s.geo.stats + field)[0])
 
 
 def desc(s: SharedState, buffer: int, field: int) -> int:

@@ -16,6 +16,7 @@ from shmprod import layout as L
 from shmprod.sender.pool import SPARE_MIN_POOL, BufferPool, spare_target
 from shmprod.sender.shmstate import SharedState
 from shmprod.worker.append import claim_spares
+from tests.support.segments import shared, stat
 
 pytestmark = pytest.mark.skipif(
     speedups.claim_words is None, reason="spare buffers need the C extension"
@@ -140,17 +141,6 @@ def test_claimed_message_round_trips() -> None:
 
 
 # -- the pool ---------------------------------------------------------------------------
-
-
-def shared(n_buffers: int = 64) -> SharedState:
-    geo = L.Geometry(
-        n_buffers=n_buffers, buffer_size=1024, max_workers=4, max_topics=4, max_partitions=16
-    )
-    return SharedState(memoryview(bytearray(geo.segment_size)), geo)
-
-
-def stat(s: SharedState, field: int) -> int:
-    return int(L.U64.unpack_from(s.view, s.geo.stats + field)[0])
 
 
 def worker_claims(s: SharedState, slot: int, count: int) -> list[int]:

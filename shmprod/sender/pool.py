@@ -45,8 +45,21 @@ from shmprod import speedups
 from shmprod.errors import BufferExhaustedError, ProducerClosedError, RecordTooLargeError
 from shmprod.sender.shmstate import SharedState
 
-FREE = 1
-USED = 0
+# The holder map: one byte per buffer, who holds it as far as the sender knows. Every
+# change of hands checks the byte it expects, so a buffer is never freed, granted or
+# made spare while another holds it.
+FREE = 1  # on the free list (``find`` scans it for runs of FREE)
+SENDER = 0  # the sender's: just taken from the free list, or a sealed batch's
+GRANTED = 2  # a worker's: granted to it, or claimed by it and its Claimed read
+SPARE = 3  # described SPARE in shared memory (a worker may have claimed it since)
+CLAIMED = 4  # found claimed when the sender took its spares back; its Claimed not read
+_HOLDERS = {
+    FREE: "free",
+    SENDER: "the sender",
+    GRANTED: "granted",
+    SPARE: "spare",
+    CLAIMED: "claimed",
+}
 SPARE_MIN_POOL = 16  # a smaller pool keeps no spares: every buffer goes through the FIFO
 
 log = logging.getLogger("shmprod.sender")
@@ -91,7 +104,7 @@ class BufferPool:
     def __init__(self, shared: SharedState, spares: int = 0) -> None:
         self._shared = shared
         self.n_buffers = shared.geo.n_buffers
-        self._free = bytearray([FREE]) * self.n_buffers
+        self._held = bytearray([FREE]) * self.n_buffers  # the holder map (above)
         self._n_free = self.n_buffers
         self._waiters: deque[_Waiter] = deque()
         # owner -> {first buffer: run} of runs granted and not yet sealed or released
@@ -126,7 +139,11 @@ class BufferPool:
         return dict(self._grants.get(owner, {}))
 
     def is_free(self, buffer: int) -> bool:
-        return self._free[buffer] == FREE
+        return self._held[buffer] == FREE
+
+    def holder(self, buffer: int) -> str:
+        """Who holds ``buffer`` as far as the sender knows (for messages and tests)."""
+        return _HOLDERS[self._held[buffer]]
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -150,12 +167,12 @@ class BufferPool:
         return None
 
     def _take(self, run: int, count: int) -> list[int] | None:
-        """First-fit ``count`` runs of ``run``; marks them used, or takes nothing. Several
+        """First-fit ``count`` runs of ``run``; the sender's now, or takes nothing. Several
         single buffers come as one adjacent block when the pool has one, so a worker can
         put a large batch in adjacent buffers of its stock (see :meth:`seal`)."""
         if self._n_free < run * count:
             return None
-        free = self._free
+        free = self._held
         if run == 1 and count > 1:
             block = free.find(bytes([FREE]) * count)
             if block >= 0:
@@ -192,6 +209,7 @@ class BufferPool:
         grants = self._grants.setdefault(owner, {})
         for first in firsts:
             grants[first] = run
+            self._held[first : first + run] = bytes([GRANTED]) * run
             self._shared.describe_run(first, run, L.BUF_GRANTED, owner_slot)
         self._publish()
         return AllocResult(owner, request_id, run, 0, tuple(firsts))
@@ -224,11 +242,12 @@ class BufferPool:
             return False
         if grants.get(first) == run:
             del grants[first]
-            return True
-        if run < 2 or any(grants.get(b) != 1 for b in range(first, first + run)):
+        elif run < 2 or any(grants.get(b) != 1 for b in range(first, first + run)):
             return False
-        for b in range(first, first + run):
-            del grants[b]
+        else:
+            for b in range(first, first + run):
+                del grants[b]
+        self._hand(first, run, GRANTED, SENDER)
         return True
 
     def release(self, owner: int, first: int, run: int) -> list[AllocResult] | None:
@@ -238,11 +257,11 @@ class BufferPool:
         return self.free(first, run)
 
     def free(self, first: int, run: int) -> list[AllocResult]:
-        """Returns a run the sender owns to the free list; answers the waiters it unblocks."""
-        free = self._free
-        if any(free[first : first + run]):
-            raise ValueError(f"double free of buffer run {first}+{run}")
-        free[first : first + run] = bytes([FREE]) * run
+        """Returns a run the sender holds to the free list; answers the waiters it
+        unblocks. A run the sender does not hold (freed twice, or granted, spare or
+        claimed) raises ValueError, changing nothing: freeing it would hand a buffer a
+        worker writes into to another."""
+        self._hand(first, run, SENDER, FREE)
         self._n_free += run
         self._shared.describe_run(first, run, L.BUF_FREE, -1)
         return self._serve()
@@ -259,13 +278,16 @@ class BufferPool:
         if slot is not None:
             for b in [b for b in self._spare if self._claimer(b) == slot]:
                 self._spare.discard(b)
+                self._hand(b, 1, SPARE, GRANTED)
                 grants[b] = 1
             for b in [b for b, s in self._claimed.items() if s == slot]:
                 del self._claimed[b]
+                self._hand(b, 1, CLAIMED, GRANTED)
                 grants[b] = 1
         n = 0
         served: list[AllocResult] = []
         for first, run in sorted(grants.items()):
+            self._hand(first, run, GRANTED, SENDER)
             n += run
             served.extend(self.free(first, run))
         served.extend(self._serve())
@@ -282,8 +304,10 @@ class BufferPool:
         for b in buffers:
             if b in self._spare and self._claimer(b) == slot:
                 self._spare.discard(b)
+                self._hand(b, 1, SPARE, GRANTED)
             elif self._claimed.get(b) == slot:
                 del self._claimed[b]
+                self._hand(b, 1, CLAIMED, GRANTED)
             else:
                 refused.append(b)
                 continue
@@ -301,12 +325,26 @@ class BufferPool:
                 claimer = self._claimer(b, seen)
                 if claimer is not None:
                     self._claimed[b] = claimer
+                    self._hand(b, 1, SPARE, CLAIMED)
                     continue
                 log.warning("spare buffer %d holds no claim (word %#x): freed", b, seen)
                 self._shared.describe_run(b, 1, L.BUF_FREE, -1)
-            self._free[b] = FREE
+            self._hand(b, 1, SPARE, FREE)
             self._n_free += 1
         self._spare.clear()
+
+    def _hand(self, first: int, run: int, holder: int, to: int) -> None:
+        """Hands ``run`` buffers from ``first`` on from ``holder`` to ``to`` in the holder
+        map; ValueError, changing nothing, when any of them is not ``holder``'s."""
+        held = self._held
+        if held[first : first + run] != bytes([holder]) * run:
+            states = sorted({_HOLDERS[h] for h in held[first : first + run]})
+            what = "double free" if to == FREE and states == ["free"] else "a change of hands"
+            raise ValueError(
+                f"{what} of buffer run {first}+{run}: {_HOLDERS[holder]}'s expected, "
+                f"found {', '.join(states)}"
+            )
+        held[first : first + run] = bytes([to]) * run
 
     def _claimer(self, buffer: int, word: int | None = None) -> int | None:
         """The worker slot that claimed spare ``buffer``, from its word (read now when
@@ -332,6 +370,7 @@ class BufferPool:
         if firsts is None:
             return
         for b in firsts:
+            self._held[b] = SPARE
             self._shared.make_spare(b)
             self._spare.add(b)
 

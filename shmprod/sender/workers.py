@@ -197,7 +197,10 @@ class Workers:
         elif isinstance(msg, ipc.Claimed):
             refused = self.pool.claim(conn.id, conn.slot, msg.buffers)
             if refused:
-                log.warning("%r claimed buffers %s that were not spares it took", conn, refused)
+                held = "; ".join(
+                    f"{b}: {self.pool.holder(b)}, word {self.shared.word(b):#x}" for b in refused
+                )
+                log.warning("%r claimed buffers that were not spares it took (%s)", conn, held)
         elif isinstance(msg, ipc.Release):
             for first in msg.buffers:
                 served = self.pool.release(conn.id, first, msg.run)

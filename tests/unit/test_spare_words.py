@@ -188,6 +188,34 @@ def test_pool_refuses_claims_of_buffers_that_were_not_spares_taken_by_that_slot(
     assert pool.claim(owner=11, slot=1, buffers=(got[0],)) == []
 
 
+def test_the_pool_frees_only_what_the_sender_holds() -> None:
+    """A free of a buffer the sender does not hold -- spare, claimed, granted, or freed
+    already -- raises and changes nothing: freeing it would give a buffer a worker
+    writes into to another (a second free of a batch's buffer after it became a spare
+    would overwrite a worker's claim word with FREE)."""
+    s = shared(64)
+    pool = BufferPool(s, spares=8)
+    claimed = worker_claims(s, 1, 1)[0]
+    grant = pool.alloc(7, 3, 1, run=1, count=1, now_ns=0)
+    assert grant is not None
+    granted = grant.buffers[0]
+    pool.alloc(8, 0, 2, run=1, count=56, now_ns=0)  # takes the spares back: one claimed
+    spare = spares_in_memory(s)[0]  # made again once nothing waits
+    assert pool.holder(claimed) == "claimed" and pool.holder(granted) == "granted"
+    assert pool.holder(spare) == "spare"
+    for b, held in ((claimed, "claimed"), (granted, "granted"), (spare, "spare")):
+        words = [s.word(i) for i in range(64)]
+        with pytest.raises(ValueError, match=f"the sender's expected, found {held}"):
+            pool.free(b, 1)
+        assert pool.holder(b) == held and [s.word(i) for i in range(64)] == words
+    assert pool.claim(owner=2, slot=1, buffers=(claimed,)) == []
+    assert pool.seal(2, claimed, 1) and pool.holder(claimed) == "the sender"
+    pool.free(claimed, 1)
+    with pytest.raises(ValueError, match="double free"):
+        pool.free(claimed, 1)
+    assert pool.is_free(claimed)
+
+
 def test_a_request_takes_the_spares_back_and_none_are_kept_while_one_waits() -> None:
     s = shared(64)
     pool = BufferPool(s, spares=8)
@@ -197,6 +225,7 @@ def test_a_request_takes_the_spares_back_and_none_are_kept_while_one_waits() -> 
     assert pool.n_waiting == 1 and pool.n_free == 8
     assert pool.n_spare == 0 and spares_in_memory(s) == []
     assert worker_claims(s, 3, 1) == []  # nothing to claim while a request waits
+    assert pool.seal(1, first.buffers[0], 1) and pool.seal(1, first.buffers[1], 1)
     assert pool.free(first.buffers[0], 1) == [] and pool.n_spare == 0  # 9 of 10
     served = pool.free(first.buffers[1], 1)
     assert [len(r.buffers) for r in served] == [10]
@@ -249,7 +278,7 @@ def test_close_takes_the_spares_back() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("acfrgk"), st.integers(0, 3), st.integers(1, 9))))
+@given(st.lists(st.tuples(st.sampled_from("acfrgkx"), st.integers(0, 3), st.integers(1, 9))))
 def test_every_buffer_has_exactly_one_holder_whatever_the_order(
     ops: list[tuple[str, int, int]],
 ) -> None:
@@ -288,6 +317,17 @@ def test_every_buffer_has_exactly_one_holder_whatever_the_order(
         spare = spares_in_memory(s)
         holders = granted + claimed + free + spare + sealed
         assert sorted(holders) == list(range(32)), (op, slot, n)
+        # the sender's holder map says the same (a claim not yet announced: spare, or
+        # claimed once the sender tried to take it back)
+        assert all(pool.holder(b) == "granted" for b in granted)
+        assert all(pool.holder(b) in ("spare", "claimed") for b in claimed)
+        assert all(pool.holder(b) == "spare" for b in spare)
+        assert all(pool.holder(b) == "the sender" for b in sealed)
+        if op == "x":  # a free of any buffer the sender does not hold changes nothing
+            b = n * 3 + slot
+            if b not in sealed:
+                with pytest.raises(ValueError):
+                    pool.free(b, 1)
         # the sender counts a claimed spare as spare until the Claimed is read
         assert pool.n_free == len(free) + pool.n_spare and len(spare) <= pool.n_spare
     for slot in range(4):

@@ -394,7 +394,10 @@ class _Writer:
         pool is more than half used, the runs in hand of other lengths go back first, so
         a process that may wait holds no unused run: with several processes each holding
         runs of one length while waiting for another, the pool ran dry and every one of
-        them waited out max_block_ms. Runs in: worker, state lock NOT held."""
+        them waited out max_block_ms. When the batches are encoded as they go (their
+        lengths not known ahead), runs of several buffers come one at a time: a window
+        of the estimate held runs the shorter last batches did not use, given back
+        unused. Runs in: worker, state lock NOT held."""
         held = self.buffers.get(run)
         if held:
             return held.pop()
@@ -402,7 +405,9 @@ class _Writer:
         if self.port.pool_free() * 2 < self.port.geo.n_buffers:
             self.give_back()
         with self.port.lock:
-            want = self.estimate if self.need is None else self.need[run]
+            # batches not known ahead (nor their lengths): runs of several one at a time
+            unknown = self.estimate if run == 1 else 1
+            want = unknown if self.need is None else self.need[run]
             window = max(1, min(want, _MAX_WINDOW // run, self.port.geo.n_buffers // (8 * run)))
             held = self.buffers[run] = self.port.obtain_locked(run, window, self.deadline, True)
         return held.pop()

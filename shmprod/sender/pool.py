@@ -143,7 +143,15 @@ class BufferPool:
 
     def holder(self, buffer: int) -> str:
         """Who holds ``buffer`` as far as the sender knows (for messages and tests)."""
+        if not 0 <= buffer < self.n_buffers:
+            return "outside the pool"
         return _HOLDERS[self._held[buffer]]
+
+    def explain(self, buffer: int) -> str:
+        """``buffer``'s holder and its DESCRIPTOR word, for a warning about it."""
+        if not 0 <= buffer < self.n_buffers:
+            return f"{buffer}: outside the pool"
+        return f"{buffer}: {self.holder(buffer)}, word {self._shared.word(buffer):#x}"
 
     # -- allocation ----------------------------------------------------------------------
 

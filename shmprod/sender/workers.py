@@ -197,9 +197,7 @@ class Workers:
         elif isinstance(msg, ipc.Claimed):
             refused = self.pool.claim(conn.id, conn.slot, msg.buffers)
             if refused:
-                held = "; ".join(
-                    f"{b}: {self.pool.holder(b)}, word {self.shared.word(b):#x}" for b in refused
-                )
+                held = "; ".join(self.pool.explain(b) for b in refused)
                 log.warning("%r claimed buffers that were not spares it took (%s)", conn, held)
         elif isinstance(msg, ipc.Release):
             for first in msg.buffers:

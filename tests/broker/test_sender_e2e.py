@@ -424,7 +424,8 @@ def test_a_misbehaving_worker_is_contained(broker: EmbeddedBroker, topic_name: s
         g = bad.alloc()
         length = bad.write(g.buffers[0], values("v", 1))
         bid, msg = bad.sealed(g.buffers[0], 10_000, length, 1)  # a slot of no topic
-        bad.send(msg, ipc.Release(1, (10**6,)), ipc.TopicRequest(9, ""))
+        # claims of a buffer outside the pool and of one it never took: refused, logged
+        bad.send(msg, ipc.Release(1, (10**6,)), ipc.Claimed((10**6, 0)), ipc.TopicRequest(9, ""))
         assert bad.done(bid).error == CorruptBatchError.code
         assert bad.expect(ipc.TopicInfo, lambda m: m.request_id == 9).error == -1009
         bad.send(ipc.Shutdown(0))  # only the owner may: ignored

@@ -184,6 +184,8 @@ def test_pool_refuses_claims_of_buffers_that_were_not_spares_taken_by_that_slot(
     not_spare = next(b for b in range(64) if b not in got and s.word(b) != L.SPARE_WORD)
     assert pool.claim(owner=10, slot=2, buffers=(got[0],)) == [got[0]]  # another slot's
     assert pool.claim(owner=10, slot=2, buffers=(not_spare, 999)) == [not_spare, 999]
+    assert pool.explain(999) == "999: outside the pool" and pool.holder(-1) == "outside the pool"
+    assert pool.explain(got[0]) == f"{got[0]}: spare, word {s.word(got[0]):#x}"
     assert pool.granted(10) == {}
     assert pool.claim(owner=11, slot=1, buffers=(got[0],)) == []
 

@@ -217,7 +217,7 @@ class BufferPool:
         grants = self._grants.setdefault(owner, {})
         for first in firsts:
             grants[first] = run
-            self._held[first : first + run] = bytes([GRANTED]) * run
+            self._hand(first, run, SENDER, GRANTED)
             self._shared.describe_run(first, run, L.BUF_GRANTED, owner_slot)
         self._publish()
         return AllocResult(owner, request_id, run, 0, tuple(firsts))
@@ -378,7 +378,7 @@ class BufferPool:
         if firsts is None:
             return
         for b in firsts:
-            self._held[b] = SPARE
+            self._hand(b, 1, SENDER, SPARE)
             self._shared.make_spare(b)
             self._spare.add(b)
 

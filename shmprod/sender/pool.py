@@ -241,15 +241,22 @@ class BufferPool:
     def seal(self, owner: int, first: int, run: int) -> bool:
         """A worker hands ``first`` (a run of ``run`` it was granted) to the sender.
 
-        The run was granted as one, or is ``run`` adjacent single buffers granted to
-        ``owner`` (a worker joins buffers of its stock for a large batch). Returns False,
-        changing nothing, if it is neither.
+        The run was granted as one; or is the head of a longer run granted as one (a
+        worker put a shorter batch in it: the rest stays granted to ``owner``, as single
+        buffers for its stock); or is ``run`` adjacent single buffers granted to ``owner``
+        (a worker joins buffers of its stock for a large batch). Returns False, changing
+        nothing, if it is none of these.
         """
         grants = self._grants.get(owner)
         if grants is None:
             return False
-        if grants.get(first) == run:
+        granted = grants.get(first, 0)
+        if granted == run:
             del grants[first]
+        elif granted > run >= 1:
+            del grants[first]
+            for b in range(first + run, first + granted):
+                grants[b] = 1
         elif run < 2 or any(grants.get(b) != 1 for b in range(first, first + run)):
             return False
         else:

@@ -461,7 +461,8 @@ class WorkerCore:
     def _hand_over_locked(self, batches: list[Written], created_ns: int) -> None:
         """The one hand-over of written batches, whatever appended them: DESCRIPTORs
         marked SEALED, outcomes registered for ``Done``, counters, and one ``Sealed``
-        message each, sent together. ``created_ns``: when their first record was sent
+        message each, sent together with a ``Release`` of the buffers their runs did not
+        need (a batch put in the head of a longer run). ``created_ns``: when their first record was sent
         (the sender's delivery timeout counts from it). Runs in: worker, state lock held
         and the flush turn taken (so a partition's batches go in order)."""
         msgs = []
@@ -477,6 +478,11 @@ class WorkerCore:
             self._bytes_appended += b.raw
             self._batches_sealed += 1
             msgs.append(ipc.encode(ipc.Sealed(b.buffer, b.run, b.slot, bid, b.length, b.count)))
+        tails = tuple(
+            t for b in batches for t in range(b.buffer + b.run, b.buffer + b.run + b.tail)
+        )
+        if tails:  # after the Sealed, which leaves them granted to this worker one by one
+            msgs.append(ipc.encode(ipc.Release(1, tails)))
         self._mark_busy_locked()
         self._publish_locked()
         self._send_locked(b"".join(msgs))

@@ -43,6 +43,9 @@ class Written:
     count: int  # records
     outcome: BatchOutcome
     raw: int  # record bytes before compression (the worker's counters)
+    # buffers granted with the run, after it, that the batch did not need: given back
+    # with its Sealed (it was put in the head of a longer run)
+    tail: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ class Landed:
     records: list[R.Record]
     length: int
     run: int
+    buffer: int = -1  # the first buffer of its run
 
 
 @dataclass
@@ -355,7 +356,7 @@ class FakeSender:
             with self.lock:
                 self.releases.append(msg)
             for b in msg.buffers:
-                c.granted.discard(b)
+                self._hand_back(c, b, msg.run)
                 self._free(b, msg.run)
         elif isinstance(msg, ipc.TopicRequest):
             self._topic(c, msg)
@@ -447,8 +448,18 @@ class FakeSender:
                 return name, homes.index(pslot)
         return "?", pslot
 
+    @staticmethod
+    def _hand_back(c: _Conn, first: int, run: int) -> None:
+        """``first``'s run leaves the worker; the head of a longer granted run leaves
+        the rest granted as single buffers (as the real sender's pool does)."""
+        c.granted.discard(first)
+        granted = c.runs.pop(first, run)
+        for b in range(first + run, first + granted):
+            c.granted.add(b)
+            c.runs[b] = 1
+
     def _sealed(self, c: _Conn, msg: ipc.Sealed) -> None:
-        c.granted.discard(msg.buffer)
+        self._hand_back(c, msg.buffer, msg.run)
         off = self.geo.buffer(msg.buffer)
         state = L.U32.unpack_from(self.view, self.geo.descriptor(msg.buffer) + L.D_STATE)[0]
         topic, partition = self._where(msg.partition_slot)
@@ -470,7 +481,18 @@ class FakeSender:
         self.offsets[msg.partition_slot] += msg.record_count
         with self.lock:
             self.landed.append(
-                Landed(topic, partition, msg.batch_id, c.slot, base, hdr, recs, msg.length, msg.run)
+                Landed(
+                    topic,
+                    partition,
+                    msg.batch_id,
+                    c.slot,
+                    base,
+                    hdr,
+                    recs,
+                    msg.length,
+                    msg.run,
+                    msg.buffer,
+                )
             )
         if self.done_error:
             done = ipc.Done(msg.batch_id, self.done_error, -1, -1, False, "made-up failure")

@@ -116,13 +116,34 @@ def test_pool_seal_and_release_check_ownership() -> None:
     pool = BufferPool(shared())
     pool.alloc(1, 0, 1, run=2, count=1, now_ns=0)
     assert not pool.seal(2, 0, 2)  # not its grant
-    assert not pool.seal(1, 0, 1)  # not that run
+    assert not pool.seal(1, 1, 1)  # inside the run, not its head
+    assert not pool.seal(1, 0, 3)  # longer than the run
     assert pool.release(2, 0, 2) is None
     assert pool.seal(1, 0, 2)
     assert not pool.seal(1, 0, 2)  # already sealed
     pool.free(0, 2)
     with pytest.raises(ValueError, match="double free"):
         pool.free(0, 2)
+
+
+def test_a_batch_in_the_head_of_a_longer_run_leaves_the_rest_granted_one_by_one() -> None:
+    s = shared()
+    pool = BufferPool(s)
+    got = pool.alloc(1, 0, 1, run=4, count=1, now_ns=0)
+    assert got is not None and got.buffers == (0,)
+    assert pool.seal(1, 0, 3)  # a batch of three buffers in the run of four
+    assert [pool.holder(b) for b in range(4)] == ["the sender"] * 3 + ["granted"]
+    assert pool.granted(1) == {3: 1}
+    assert not pool.seal(2, 3, 1)  # still this worker's, not another's
+    served = pool.release(1, 3, 1)  # given back with the Sealed
+    assert served == [] and pool.is_free(3) and pool.granted(1) == {}
+    assert pool.free(0, 3) == [] and all(pool.is_free(b) for b in range(4))
+    # a worker that dies holding the rest of a run: every buffer comes back
+    pool.alloc(1, 0, 2, run=4, count=1, now_ns=0)
+    assert pool.seal(1, 0, 1)
+    assert pool.granted(1) == {1: 1, 2: 1, 3: 1}
+    assert pool.reclaim(1)[0] == 3
+    assert pool.free(0, 1) == [] and all(pool.is_free(b) for b in range(4))
 
 
 def test_pool_gives_singles_as_a_block_and_takes_them_back_as_one_run() -> None:

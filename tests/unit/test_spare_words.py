@@ -280,16 +280,17 @@ def test_close_takes_the_spares_back() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("acfrgkx"), st.integers(0, 3), st.integers(1, 9))))
+@given(st.lists(st.tuples(st.sampled_from("acfrgkxh"), st.integers(0, 3), st.integers(1, 9))))
 def test_every_buffer_has_exactly_one_holder_whatever_the_order(
     ops: list[tuple[str, int, int]],
 ) -> None:
-    """Allocs, claims (announced at once or later), frees, releases and workers gone, in
-    any order: each buffer is free, spare, granted to one worker, claimed but not yet
-    announced, or the sender's (sealed) -- never two of these, never none."""
+    """Allocs (single buffers, and runs of 3 whose head a shorter batch takes), claims
+    (announced at once or later), frees, releases and workers gone, in any order: each
+    buffer is free, spare, granted to one worker, claimed but not yet announced, or the
+    sender's (sealed) -- never two of these, never none."""
     s = shared(32)
     pool = BufferPool(s, spares=4)
-    sealed: list[int] = []
+    sealed: list[tuple[int, int]] = []  # (first buffer, run)
     unannounced: dict[int, list[int]] = {slot: [] for slot in range(4)}
     for op, slot, n in ops:
         owner = 100 + slot
@@ -303,39 +304,48 @@ def test_every_buffer_has_exactly_one_holder_whatever_the_order(
         elif op == "r" and unannounced[slot]:
             assert pool.claim(owner, slot, tuple(unannounced[slot])) == []
             unannounced[slot] = []
-        elif op == "f":
+        elif op == "h":  # a run of 3; a batch of 1 or 2 buffers takes its head
+            got = pool.alloc(owner, slot, 1, 3, 1, 0)
+            if got is not None and got.buffers:
+                head = 1 + n % 2
+                assert pool.seal(owner, got.buffers[0], head)
+                sealed.append((got.buffers[0], head))
+        elif op == "f":  # the first buffer of each grant (the head of a run, or a single)
             held = sorted(pool.granted(owner))[:n]
             for b in held:
                 assert pool.seal(owner, b, 1)
-                sealed.append(b)
+                sealed.append((b, 1))
             while sealed and len(sealed) > n:
-                pool.free(sealed.pop(0), 1)
+                pool.free(*sealed.pop(0))
         elif op == "g":
             pool.reclaim(owner, slot)
             unannounced[slot] = []
-        granted = [b for o in range(100, 104) for b in pool.granted(o)]
+        granted = [
+            b for o in range(100, 104) for f, r in pool.granted(o).items() for b in range(f, f + r)
+        ]
         claimed = [b for bs in unannounced.values() for b in bs]
         free = [b for b in range(32) if pool.is_free(b)]
         spare = spares_in_memory(s)
-        holders = granted + claimed + free + spare + sealed
+        sender = [b for f, r in sealed for b in range(f, f + r)]
+        holders = granted + claimed + free + spare + sender
         assert sorted(holders) == list(range(32)), (op, slot, n)
         # the sender's holder map says the same (a claim not yet announced: spare, or
         # claimed once the sender tried to take it back)
         assert all(pool.holder(b) == "granted" for b in granted)
         assert all(pool.holder(b) in ("spare", "claimed") for b in claimed)
         assert all(pool.holder(b) == "spare" for b in spare)
-        assert all(pool.holder(b) == "the sender" for b in sealed)
+        assert all(pool.holder(b) == "the sender" for b in sender)
         if op == "x":  # a free of any buffer the sender does not hold changes nothing
             b = n * 3 + slot
-            if b not in sealed:
+            if b not in sender:
                 with pytest.raises(ValueError):
                     pool.free(b, 1)
         # the sender counts a claimed spare as spare until the Claimed is read
         assert pool.n_free == len(free) + pool.n_spare and len(spare) <= pool.n_spare
     for slot in range(4):
         pool.reclaim(100 + slot, slot)
-    for b in sealed:
-        pool.free(b, 1)
+    for f, r in sealed:
+        pool.free(f, r)
     assert pool.n_free == 32
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from shmprod import speedups
 from shmprod.errors import (
     BufferExhaustedError,
     InvalidRecordError,
@@ -237,6 +238,47 @@ def test_large_arrow_types_with_keys(fake: FakeSender, w: Worker, large: pa.Data
     assert len(md) == 3
     got = {(r.key, r.value) for part in fake.records("events").values() for r in part}
     assert got == {(b"k1", b"v1"), (None, b"v2"), (b"k3", None)}
+
+
+@pytest.mark.skipif(
+    speedups.plan_batches is None,
+    reason="batches encoded as they go (no C extension): runs of several come one at a time",
+)
+def test_shorter_batches_go_in_the_heads_of_longer_runs_when_the_pool_is_busy() -> None:
+    """Each partition's full batch (a run of 4 buffers) then its remainder (3): with the
+    pool more than half used, each change of length used to give the runs in hand back
+    and wait for a Grant of the other length (one round trip per batch). The windows now
+    ask for runs of 4 for both, each remainder goes in the head of one, and the buffer
+    it did not need goes back with its Sealed."""
+    with (
+        FakeSender(
+            batch_size=512 * 1024, buffer_memory=16 * 1024 * 1024, topics={"events": 12}
+        ) as fake,
+        attach(fake.handle) as w,
+    ):
+        assert fake.geo.n_buffers == 128
+
+        def busy() -> None:  # another process's batches: 70 buffers in use
+            for b in sorted(fake.free)[-70:]:
+                fake.free.discard(b)
+            fake._publish()
+
+        fake.call(busy)
+        rows = 840  # per partition: one full batch of ~519 records, a remainder of 3 buffers
+        values = pa.array([os.urandom(1000) for _ in range(12 * rows)], pa.binary())
+        parts = np.repeat(np.arange(12, dtype=np.int32), rows)
+        w.send_batch("events", values, partitions=parts).result(10)
+        landed = sorted(fake.landed, key=lambda b: b.batch_id)
+        assert [b.run for b in landed] == [4, 3] * 12
+        asked = [(a.run, a.count) for a in fake.allocs if a.run > 1]
+        assert {run for run, _ in asked} == {4} and sum(n for _, n in asked) <= 24, asked
+        assert len(asked) <= 6, asked  # windows of 4 runs (an eighth of the pool)
+        assert not any(r.run > 1 for r in fake.releases), fake.releases
+        released = {b for r in fake.releases for b in r.buffers}
+        assert {b.buffer + 3 for b in landed if b.run == 3} <= released
+        got = fake.records("events")
+        assert [len(got[p]) for p in range(12)] == [rows] * 12
+        assert [r.value for p in range(12) for r in got[p]] == values.to_pylist()
 
 
 def test_runs_are_asked_for_as_needed_and_none_is_held_back() -> None:

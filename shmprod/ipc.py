@@ -100,9 +100,9 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Sealed:
-    """worker → sender: a complete RecordBatch in ``buffer`` (and its run) is the sender's.
-    The run may be the head of a longer one granted as one: the rest stays granted to the
-    worker, one buffer at a time."""
+    """worker → sender: a complete RecordBatch in ``buffer`` (and its run) is the
+    sender's. The run may be the head of a longer one granted as one: the rest stays
+    granted to the worker, one buffer at a time."""
 
     TYPE: ClassVar[int] = 5
     FMT: ClassVar[struct.Struct] = struct.Struct("<IIIQII")

@@ -242,10 +242,10 @@ class BufferPool:
         """A worker hands ``first`` (a run of ``run`` it was granted) to the sender.
 
         The run was granted as one; or is the head of a longer run granted as one (a
-        worker put a shorter batch in it: the rest stays granted to ``owner``, as single
-        buffers for its stock); or is ``run`` adjacent single buffers granted to ``owner``
-        (a worker joins buffers of its stock for a large batch). Returns False, changing
-        nothing, if it is none of these.
+        worker put a shorter batch in it: the rest stays granted to ``owner`` as single
+        buffers, which its ``Release`` in the same write gives back); or is ``run``
+        adjacent single buffers granted to ``owner`` (a worker joins buffers of its stock
+        for a large batch). Returns False, changing nothing, if it is none of these.
         """
         grants = self._grants.get(owner)
         if grants is None:

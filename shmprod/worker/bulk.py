@@ -389,15 +389,16 @@ class _Writer:
 
     def buffer(self, run: int) -> tuple[int, int]:
         """A granted run for a batch of ``run`` buffers, as (first buffer, its length):
-        one of ``run`` in hand, else the head of a longer one in hand (the batch takes its
-        first ``run`` buffers; the rest go back with its Sealed), else a window of runs asked for
-        at once, after handing over what is written so the sender can free buffers
-        meanwhile. The window's runs have the longest length the batches still expected
-        need when this batch's is more than half of it, so one window serves batches of
-        both lengths: a call's full batches and its partitions' shorter last ones came
-        in turn, and each change of length gave the runs in hand back and waited for a
-        Grant (measured: 1 KB records, 336 waits for 360 batches). The window counts the
-        batches still expected that its runs serve this way, bounded.
+        one of ``run`` in hand, else the head of a longer one in hand (the batch takes
+        its first ``run`` buffers; the rest go back with its Sealed), else a window of
+        runs asked for at once, after handing over what is written so the sender can
+        free buffers meanwhile. The window's runs have the longest length the batches
+        still expected need when this batch's is more than half of it, so one window
+        serves batches of both lengths: a call's full batches and its partitions'
+        shorter last ones came in turn, and each change of length gave the runs in hand
+        back and waited for a Grant (measured: 1 KB records, 336 waits for 360 batches).
+        The window counts the batches still expected that its runs serve this way,
+        bounded.
 
         When the pool is more than half used, the runs in hand of other lengths go back
         first, so a process that may wait holds no unused run: with several processes

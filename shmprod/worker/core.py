@@ -462,9 +462,9 @@ class WorkerCore:
         """The one hand-over of written batches, whatever appended them: DESCRIPTORs
         marked SEALED, outcomes registered for ``Done``, counters, and one ``Sealed``
         message each, sent together with a ``Release`` of the buffers their runs did not
-        need (a batch put in the head of a longer run). ``created_ns``: when their first record was sent
-        (the sender's delivery timeout counts from it). Runs in: worker, state lock held
-        and the flush turn taken (so a partition's batches go in order)."""
+        need (a batch put in the head of a longer run). ``created_ns``: when their first
+        record was sent (the sender's delivery timeout counts from it). Runs in: worker,
+        state lock held and the flush turn taken (so a partition's batches go in order)."""
         msgs = []
         for b in batches:
             bid = self._next_batch_id

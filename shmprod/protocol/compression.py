@@ -57,6 +57,7 @@ __all__ = [
     "compress_into",
     "decompress",
     "is_xerial",
+    "slack",
 ]
 
 Buffer = bytes | bytearray | memoryview
@@ -147,6 +148,18 @@ def compress_bound(codec: int, n: int) -> int:
     if codec == ZSTD:
         return n + (n >> 7) + 512
     raise CompressionError(f"unknown compression codec id {codec!r}")
+
+
+def slack(codec: int, n: int) -> int:
+    """Bytes a writer keeps free after up to ``n`` bytes of records, so that their
+    compressed form always fits where they are (and is written there in one pass): the
+    codec's worst-case growth, ``compress_bound(codec, n) - n``, when it is at most 1/64
+    of ``n`` -- lz4 and gzip store an incompressible block as is, zstd's overhead is
+    bounded -- else 0: snappy's bound (a sixth more) is too loose to keep free, and a
+    snappy section that outgrows its place takes the slow path (compressed to new
+    bytes, or written uncompressed when even that does not fit)."""
+    growth = compress_bound(codec, n) - n
+    return growth if growth <= n // 64 else 0
 
 
 def compress(codec: int, data: Buffer, level: int | None = None) -> bytes:

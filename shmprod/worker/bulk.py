@@ -26,8 +26,9 @@
    each written straight into a granted buffer, record by record from the Arrow buffers
    by the C extension (:mod:`shmprod.worker.direct`; per-row headers or no extension:
    :func:`vectorized.iter_encoded_batches` and :meth:`EncodedBatch.write_into`),
-   compressed by this worker when a codec is set (uncompressed when the compressed form
-   would not fit); its DESCRIPTOR marked SEALED and one ``Sealed`` message sent. A few batches (at most
+   compressed by this worker when a codec is set (each run keeps the codec's worst-case
+   growth free, :attr:`AppendPort.slack`, so the compressed form fits in one pass;
+   uncompressed when a snappy section outgrows its run); its DESCRIPTOR marked SEALED and one ``Sealed`` message sent. A few batches (at most
    8, or an eighth of the pool) take all their buffers first, all or nothing, so a full
    pool hands nothing over; more are asked for in windows (``Alloc`` with count = k).
    A row larger than ``batch_size`` goes alone in a run of adjacent buffers.
@@ -437,7 +438,7 @@ class _Writer:
         """Writes one whole batch into a granted buffer (compressed here when a codec is
         set). Runs in: worker, no lock: the buffer is this call's alone until handed over."""
         geo = self.port.geo
-        run = geo.buffers_for(HEADER_SIZE + batch.section_size)
+        run = geo.buffers_for(HEADER_SIZE + batch.section_size + self.port.slack)
         buf, granted = self.buffer(run)
         if self.need is not None:
             self.need[run] -= 1
@@ -450,7 +451,7 @@ class _Writer:
             try:
                 end = batch.write_into(mv, 0, settings=self.port.settings)
             except (EncodeError, CompressionError):
-                end = batch.write_into(mv, 0)  # compressed form does not fit: as is
+                end = batch.write_into(mv, 0)  # the compressed form outgrew the run: as is
             if A.fault_hook is not None:  # tests only (see worker.append)
                 A.fault_hook(self.hook, mv, end)
         except BaseException:
@@ -542,7 +543,7 @@ def send_batch(
         with port.lock:
             port.check_alive()
             entry = port.topic_locked(topic)
-            parts = _partitions(port, cols, entry, partitions, port.batch_size - HEADER_SIZE)
+            parts = _partitions(port, cols, entry, partitions, port.budget)
             slots = entry.slots  # replaced, never changed in place, when the topic changes
         order, outcomes, counts = _write(port, entry, slots, cols, parts, "bulk", created)
     finally:
@@ -564,7 +565,7 @@ def _write(
     in sorted order). Raises when nothing was handed over; otherwise rows never handed
     over share one failed outcome at the end. Runs in: worker, holding the flush turn,
     state lock NOT held."""
-    budget = port.batch_size - HEADER_SIZE
+    budget = port.budget
     # straight from the Arrow buffers (worker.direct), with one shared headers list or
     # each row's encoded section
     source = arrow_source(
@@ -595,7 +596,7 @@ def _write(
             group.keys,
             group.timestamps,
             group.headers,
-            batch_size=port.batch_size,
+            batch_size=port.budget + HEADER_SIZE,
             groups=[hi for _, _, hi in ranges],
         ):
             while row >= ranges[k][2]:
@@ -626,7 +627,7 @@ def _write_direct(
         return None
     order, ranges = _order(parts)
     rows = order if keep is None else (keep if order is None else keep[order])
-    todo = direct_plan(source, rows, ranges, port.batch_size - HEADER_SIZE)
+    todo = direct_plan(source, rows, ranges, port.budget)
     outcomes, counts = _hand(port, entry, slots, todo, len(todo), len(parts), "sealed", created_ns)
     return order, outcomes, counts
 
@@ -650,7 +651,7 @@ def _hand(
     if writer.estimate <= small:
         todo = list(todo)
     if isinstance(todo, list):  # every batch known: windows of exactly what is needed
-        sizes = [HEADER_SIZE + b.section_size for _, b in todo]
+        sizes = [HEADER_SIZE + b.section_size + port.slack for _, b in todo]
         writer.need = Counter(geo.buffers_for(size) for size in sizes)
         # a few batches: every buffer first (all or nothing, waiting at most
         # max_block_ms), so a full pool hands nothing over: send() keeps its records
@@ -773,7 +774,7 @@ def _flush_stage(port: AppendPort, stage: Stage) -> None:
     with port.lock:
         port.check_alive()
         entry = port.topic_locked(stage.topic)
-        parts = _default_partitions(port, rows, entry, port.batch_size - HEADER_SIZE, None)
+        parts = _default_partitions(port, rows, entry, port.budget, None)
         explicit = stage.partition_column()
         if explicit is not None:
             parts = np.where(explicit >= 0, explicit, parts).astype(np.int32)
@@ -848,7 +849,7 @@ def _write_held(port: AppendPort, calls: HeldCalls) -> None:
     with port.lock:
         port.check_alive()
         entry = port.topic_locked(calls.topic)
-        parts = _default_partitions(port, cols, entry, port.batch_size - HEADER_SIZE, None)
+        parts = _default_partitions(port, cols, entry, port.budget, None)
         slots = entry.slots
     created = calls.deadline_ns - port.linger_ns
     order, outcomes, counts = _write(port, entry, slots, cols, parts, "bulk", created)

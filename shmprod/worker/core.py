@@ -62,6 +62,7 @@ from shmprod.errors import (
 )
 from shmprod.futures import BatchOutcome, OutcomePiece, RecordFuture
 from shmprod.partitioner import Murmur2Partitioner, default_random_source, get_partitioner
+from shmprod.protocol.compression import slack
 from shmprod.protocol.records import HEADER_SIZE, BatchSettings
 from shmprod.shm import Segment
 from shmprod.speedups import Stager
@@ -140,6 +141,8 @@ class WorkerCore:
         )
         self._batch_size = cfg.batch_size
         self._records_room = cfg.batch_size - HEADER_SIZE
+        # kept free in each batch's run so that its compressed form fits in place
+        self._slack = slack(cfg.compression_codec, self._records_room)
         self._linger_ns = int(cfg.linger_ms * 1_000_000)
         self._max_block_ms = cfg.max_block_ms
         self._max_block_ns = cfg.max_block_ms * 1_000_000
@@ -433,6 +436,8 @@ class WorkerCore:
             geo=self._geo,
             settings=self._settings,
             batch_size=self._batch_size,
+            budget=self._records_room - self._slack,
+            slack=self._slack,
             linger_ns=self._linger_ns,
             max_block_ms=self._max_block_ms,
             max_request_size=self._max_request_size,

@@ -22,7 +22,8 @@ and ``send_batch`` holds its columns for the call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+import threading
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +54,22 @@ __all__ = ["DirectBatch", "Source", "arrow_source", "plan", "staged_source"]
 NO_HEADERS = b"\x00"
 # what the extension raises for rows it cannot encode (a typed EncodeError here)
 _C_ERRORS = (ValueError, TypeError, OverflowError, IndexError)
+# sections up to this size are encoded, before compression, in one bytearray per thread
+_SCRATCH_MAX: Final = 1 << 20
+_scratch = threading.local()
+
+
+def _section(n: int) -> memoryview:
+    """``n`` writable bytes for a section about to be compressed: this thread's scratch,
+    reused (measured: a new bytearray per batch of 1 KB lz4 records cost a page fault
+    per 4 KiB and a zero fill, 27,670 faults for 100 MB), or new bytes above
+    ``_SCRATCH_MAX``. Valid until this thread's next call."""
+    if n > _SCRATCH_MAX:
+        return memoryview(bytearray(n))
+    buf: bytearray | None = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < n:
+        buf = _scratch.buf = bytearray(max(n, 64 * 1024))
+    return memoryview(buf)[:n]
 
 
 class Source(NamedTuple):
@@ -171,8 +188,9 @@ class DirectBatch:
         """Writes the whole batch at ``buf[offset:]``, CRC last; returns its end offset
         (EncodeError when it does not fit)."""
         if settings.compression != NONE:
-            section = bytearray(self.section_size)
-            self._encode(section, 0)
+            section = _section(self.section_size)
+            if self._encode(section, 0) != self.section_size:  # a changed source: never
+                raise EncodeError("rows changed while they were encoded")
             return write_batch(
                 buf,
                 offset,

@@ -57,6 +57,13 @@ class AppendPort:
     geo: L.Geometry
     settings: BatchSettings  # compression of each batch
     batch_size: int
+    # record bytes one batch holds: batch_size less the batch header and ``slack``
+    budget: int
+    # bytes kept free after a batch's records in its run, so that their compressed form
+    # always fits in place (protocol.compression.slack; 0 uncompressed). Measured: lz4
+    # batches of 1 KB keyed records filled their runs to within 5 bytes, and each was
+    # encoded, compressed to new bytes, then encoded again and written uncompressed
+    slack: int
     linger_ns: int
     max_block_ms: int
     max_request_size: int

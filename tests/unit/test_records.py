@@ -264,6 +264,19 @@ def test_compress_round_trip_and_bound(codec: int, data: bytes, repeat: int) -> 
             C.decompress(codec, blob, max_size=len(data) - 1)
 
 
+@SETTINGS
+@given(st.sampled_from(CODECS), st.integers(1, 1 << 20), st.integers(0, 1 << 20))
+def test_slack_keeps_room_for_any_compressed_form(codec: int, n: int, m: int) -> None:
+    # what a writer keeps free after at most n bytes of records: the worst growth of any
+    # section up to n when it is small, else nothing (snappy's loose bound)
+    kept = C.slack(codec, n)
+    assert 0 <= kept <= n // 64
+    if kept:
+        m = min(m, n)
+        assert C.compress_bound(codec, m) <= m + kept
+    assert (kept == 0) == (codec in (C.NONE, C.SNAPPY) or C.compress_bound(codec, n) - n > n // 64)
+
+
 @pytest.mark.parametrize("level", [None, 1, 2, 6, 9])
 def test_gzip_levels_write_standard_gzip(level: int | None) -> None:
     import gzip

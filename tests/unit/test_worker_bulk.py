@@ -149,6 +149,31 @@ def test_bulk_compression(codec: str) -> None:
         assert {b.header.compression for b in fake.landed} == {C.codec_id(codec)}
 
 
+@pytest.mark.parametrize(
+    ("codec", "batch_size"), [("lz4", 16384), ("gzip", 16384), ("zstd", 65536)]
+)
+def test_batches_that_fill_their_runs_are_written_compressed(codec: str, batch_size: int) -> None:
+    # incompressible rows, cut to fill a batch to its budget: their compressed form
+    # (stored blocks) is a little longer, so each batch's run keeps room for it. Before,
+    # a batch that came within that growth of its run's end was encoded, compressed to
+    # new bytes, encoded again and written uncompressed
+    with (
+        FakeSender(
+            compression_type=codec, batch_size=batch_size, buffer_memory=16 * batch_size
+        ) as fake,
+        attach(fake.handle) as w,
+    ):
+        for size in range(100, 300, 3):
+            n = batch_size // size + 10  # a full batch and the rest
+            blob = os.urandom(n * size * 2)
+            values = [blob[i * size : (i + 1) * size] for i in range(n)]
+            keys = [blob[(n + i) * size : (n + i + 1) * size] for i in range(n)]
+            md = w.send_batch("events", values, keys=keys, partitions=0).result(5)
+            assert [r.value for r in landed_rows(fake, md)] == values
+        assert {b.header.compression for b in fake.landed} == {C.codec_id(codec)}
+        assert all(b.length <= fake.geo.run_bytes(b.run) for b in fake.landed)
+
+
 def test_large_row_goes_alone_in_a_run(fake: FakeSender, w: Worker) -> None:
     values = [b"small", os.urandom(9000), b"small again"]
     md = w.send_batch("events", values, partitions=0).result(5)

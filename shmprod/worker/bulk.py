@@ -345,6 +345,16 @@ def _check_sizes(port: AppendPort, cols: Columns) -> None:
         )
 
 
+def _run_for(port: AppendPort, section_size: int) -> int:
+    """Buffers for a batch of ``section_size`` record bytes: the header, the records and
+    the codec's slack (:attr:`AppendPort.slack`), except where the slack would make the
+    run longer than the pool (a row as large as the pool: it goes compressed only if its
+    compressed form fits)."""
+    geo = port.geo
+    bare = geo.buffers_for(HEADER_SIZE + section_size)
+    return min(geo.buffers_for(HEADER_SIZE + section_size + port.slack), max(bare, geo.n_buffers))
+
+
 class _Writer:
     """Writes encoded batches into granted buffers and hands them over in windows."""
 
@@ -438,7 +448,7 @@ class _Writer:
         """Writes one whole batch into a granted buffer (compressed here when a codec is
         set). Runs in: worker, no lock: the buffer is this call's alone until handed over."""
         geo = self.port.geo
-        run = geo.buffers_for(HEADER_SIZE + batch.section_size + self.port.slack)
+        run = _run_for(self.port, batch.section_size)
         buf, granted = self.buffer(run)
         if self.need is not None:
             self.need[run] -= 1
@@ -652,7 +662,7 @@ def _hand(
         todo = list(todo)
     if isinstance(todo, list):  # every batch known: windows of exactly what is needed
         sizes = [HEADER_SIZE + b.section_size + port.slack for _, b in todo]
-        writer.need = Counter(geo.buffers_for(size) for size in sizes)
+        writer.need = Counter(_run_for(port, b.section_size) for _, b in todo)
         # a few batches: every buffer first (all or nothing, waiting at most
         # max_block_ms), so a full pool hands nothing over: send() keeps its records
         # staged and refuses the new one, send_batch raises at the call

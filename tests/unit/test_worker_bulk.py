@@ -22,7 +22,7 @@ from shmprod.errors import (
 from shmprod.futures import BatchMetadata
 from shmprod.partitioner import partitions_for_keys
 from shmprod.protocol import compression as C
-from shmprod.protocol.records import Record
+from shmprod.protocol.records import HEADER_SIZE, Record, record_size
 from shmprod.worker import Worker, attach
 from tests.support.fake_sender import FakeSender
 
@@ -172,6 +172,21 @@ def test_batches_that_fill_their_runs_are_written_compressed(codec: str, batch_s
             assert [r.value for r in landed_rows(fake, md)] == values
         assert {b.header.compression for b in fake.landed} == {C.codec_id(codec)}
         assert all(b.length <= fake.geo.run_bytes(b.run) for b in fake.landed)
+
+
+def test_a_row_as_large_as_the_pool_lands_where_the_slack_does_not_fit() -> None:
+    # the run of a row that fills the whole pool cannot keep lz4's slack free: it is
+    # written in the pool's every buffer (uncompressed, as its frame does not fit)
+    with FakeSender(compression_type="lz4") as fake, attach(fake.handle) as w:
+        pool = fake.geo.n_buffers * fake.geo.buffer_size
+        size = pool - HEADER_SIZE - 8
+        while record_size(0, 0, None, b"x" * size) + HEADER_SIZE > pool:
+            size -= 1
+        assert record_size(0, 0, None, b"x" * size) + HEADER_SIZE > pool - 15
+        value = os.urandom(size)
+        md = w.send_batch("events", [value], partitions=0).result(5)
+        assert [r.value for r in landed_rows(fake, md)] == [value]
+        assert [b.run for b in fake.landed] == [fake.geo.n_buffers]
 
 
 def test_large_row_goes_alone_in_a_run(fake: FakeSender, w: Worker) -> None:

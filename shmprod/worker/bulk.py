@@ -28,9 +28,10 @@
    :func:`vectorized.iter_encoded_batches` and :meth:`EncodedBatch.write_into`),
    compressed by this worker when a codec is set (each run keeps the codec's worst-case
    growth free, :attr:`AppendPort.slack`, so the compressed form fits in one pass;
-   uncompressed when a snappy section outgrows its run); its DESCRIPTOR marked SEALED and one ``Sealed`` message sent. A few batches (at most
-   8, or an eighth of the pool) take all their buffers first, all or nothing, so a full
-   pool hands nothing over; more are asked for in windows (``Alloc`` with count = k).
+   uncompressed when a snappy section outgrows its run); its DESCRIPTOR marked SEALED
+   and one ``Sealed`` message sent. A few batches (at most 8, or an eighth of the pool)
+   take all their buffers first, all or nothing, so a full pool hands nothing over;
+   more are asked for in windows (``Alloc`` with count = k).
    A row larger than ``batch_size`` goes alone in a run of adjacent buffers.
 6. The :class:`BatchFuture` maps rows to (batch, index in batch) and fills the offsets
    with numpy when every batch is ``Done``.

@@ -310,14 +310,19 @@ class BufferPool:
 
     # -- spare buffers -------------------------------------------------------------------
 
-    def claim(self, owner: int, slot: int, buffers: tuple[int, ...]) -> list[int]:
+    def claim(
+        self, owner: int, slot: int, buffers: tuple[int, ...], seen: dict[int, str] | None = None
+    ) -> list[int]:
         """``owner`` (worker ``slot``) says it claimed ``buffers`` (``Claimed``): each one
         that was a spare and whose word names the slot is now granted to it. Returns
-        the others (nothing changed for them)."""
+        the others (nothing changed for them); ``seen`` gets, for each spare among
+        them, its DESCRIPTOR as it was when refused (a worker may change it right
+        after), for the warning."""
         grants = self._grants.setdefault(owner, {})
         refused: list[int] = []
         for b in buffers:
-            if b in self._spare and self._claimer(b) == slot:
+            word = self._shared.word(b) if b in self._spare else None
+            if word is not None and self._claimer(b, word) == slot:
                 self._spare.discard(b)
                 self._hand(b, 1, SPARE, GRANTED)
             elif self._claimed.get(b) == slot:
@@ -325,6 +330,8 @@ class BufferPool:
                 self._hand(b, 1, CLAIMED, GRANTED)
             else:
                 refused.append(b)
+                if word is not None and seen is not None:
+                    seen[b] = f"word {word:#x}, {self._shared.descriptor_text(b)}"
                 continue
             grants[b] = 1
         self._publish()

@@ -217,6 +217,18 @@ class SharedState:
             self.view, self.geo.descriptor(buffer) + L.D_WORD, L.SPARE_WORD, L.FREE_WORD
         )
 
+    def descriptor_text(self, buffer: int) -> str:
+        """A buffer's DESCRIPTOR fields after its word, for a warning. Runs in: sender."""
+        off = self.geo.descriptor(buffer)
+        view = self.view
+        return (
+            f"run {L.U32.unpack_from(view, off + L.D_RUN)[0]}, "
+            f"partition slot {L.I32.unpack_from(view, off + L.D_PARTITION)[0]}, "
+            f"batch {L.U64.unpack_from(view, off + L.D_BATCH_ID)[0]}, "
+            f"length {L.U32.unpack_from(view, off + L.D_LENGTH)[0]}, "
+            f"{L.U32.unpack_from(view, off + L.D_RECORD_COUNT)[0]} records"
+        )
+
     def word(self, buffer: int) -> int:
         """A buffer's D_WORD (state and owner) as it is now. Runs in: sender."""
         return int(L.U64.unpack_from(self.view, self.geo.descriptor(buffer) + L.D_WORD)[0])

@@ -195,9 +195,13 @@ class Workers:
             if result is not None:
                 self.send_grants([result])
         elif isinstance(msg, ipc.Claimed):
-            refused = self.pool.claim(conn.id, conn.slot, msg.buffers)
+            seen: dict[int, str] = {}
+            refused = self.pool.claim(conn.id, conn.slot, msg.buffers, seen)
             if refused:
-                held = "; ".join(self.pool.explain(b) for b in refused)
+                held = "; ".join(
+                    self.pool.explain(b) + (f" (when refused: {seen[b]})" if b in seen else "")
+                    for b in refused
+                )
                 log.warning("%r claimed buffers that were not spares it took (%s)", conn, held)
         elif isinstance(msg, ipc.Release):
             for first in msg.buffers:

@@ -182,8 +182,16 @@ def test_pool_refuses_claims_of_buffers_that_were_not_spares_taken_by_that_slot(
     pool = BufferPool(s, spares=8)
     got = worker_claims(s, 1, 1)
     not_spare = next(b for b in range(64) if b not in got and s.word(b) != L.SPARE_WORD)
-    assert pool.claim(owner=10, slot=2, buffers=(got[0],)) == [got[0]]  # another slot's
-    assert pool.claim(owner=10, slot=2, buffers=(not_spare, 999)) == [not_spare, 999]
+    seen: dict[int, str] = {}
+    assert pool.claim(owner=10, slot=2, buffers=(got[0],), seen=seen) == [got[0]]  # another's
+    # the warning gets the descriptor as the refusal saw it (slot 1's word)
+    assert seen == {
+        got[0]: f"word {L.descriptor_word(L.BUF_GRANTED, 1):#x}, run 1, partition slot -1, "
+        "batch 0, length 0, 0 records"
+    }
+    seen.clear()
+    assert pool.claim(owner=10, slot=2, buffers=(not_spare, 999), seen=seen) == [not_spare, 999]
+    assert seen == {}  # neither was a spare
     assert pool.explain(999) == "999: outside the pool" and pool.holder(-1) == "outside the pool"
     assert pool.explain(got[0]) == f"{got[0]}: spare, word {s.word(got[0]):#x}"
     assert pool.granted(10) == {}

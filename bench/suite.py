@@ -1,6 +1,6 @@
 """The benchmark suite: shmprod against the Python Kafka clients people run today.
 
-    python bench/suite.py            # full: 3 interleaved runs per row (about an hour)
+    python bench/suite.py            # full: 3 interleaved runs per row (over an hour)
     python bench/suite.py --quick    # one run per row, keyed cells, 1 KB only uncompressed (CI runs this)
 
 For every cell -- value size (100 B, 1 KB) x compression (none, lz4) x keys (16-byte
@@ -47,6 +47,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shlex
 import socket
 import sys
 import tempfile
@@ -520,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-rate", type=_number(int, 1), default=2000)
     parser.add_argument("--out", default=None, help="results path prefix")
     args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args.command = " ".join(["python bench/suite.py", *(shlex.quote(a) for a in given)])
     # quick: fewer cells and one run each, but runs as long as the full mode's, so the
     # rows it has tell the same story (short runs measure start-up, not the rate)
     args.repeat = args.repeat or (1 if args.quick else 3)
@@ -544,9 +547,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"--headers: kind {k!r} does not take them; use --kinds with {_peers.HEADER_KINDS}"
             )
     # MB of keys and values per run: enough for a steady rate, under the ~300 MB that
-    # slows the broker down (see the broker notes)
+    # slows the broker down (see the broker notes). A run must also be long against
+    # what the pool holds (64 MiB): with 50 MB of 100 B records, eight processes filled
+    # the pool and the run was mostly its fill and drain (eight processes against one:
+    # 0.66-0.70 at 0.5 M records, 0.82-1.01 at 2 M; the broker holds 2 M at an unchanged
+    # rate)
     args.mb = 100
-    args.mb_small = 50
+    args.mb_small = 200
     cells = _cells(args)
 
     ctx = mp.get_context("forkserver")
@@ -641,6 +648,8 @@ def installed_version(name: str) -> str:
 def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
     v = installed_version
     return {
+        "command": args.command,
+        "mb_per_run": {"under 1 KB": args.mb_small, "1 KB and up": args.mb},
         "quick": args.quick,
         "repeat": args.repeat,
         "max_seconds": args.max_seconds,
@@ -693,12 +702,15 @@ def _markdown(
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(
             f"# Benchmark suite{' (quick)' if quick else ''}\n\n"
-            f"`python bench/suite.py{' --quick' if quick else ''}`: {meta['machine']} ({meta['cpu_model']}), "
+            f"`{meta['command']}`: {meta['machine']} ({meta['cpu_model']}), "
             f"Python {meta['python']}; {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. "
             f"{PARTITIONS} partitions, acks=all, idempotence on, linger {LINGER_MS} ms, a fresh "
             f"embedded broker (tansu) per run; every run read back and counted. Median of "
             f"{meta['repeat']} interleaved run(s) per row; low-high is the spread of records/s. "
-            f"A worker stops after {meta['max_seconds']:.0f} s. Took {meta['elapsed_s'] / 60:.0f} min."
+            f"A worker stops after {meta['max_seconds']:.0f} s. A run sends "
+            f"{meta['mb_per_run']['under 1 KB']} MB of keys and values with values under 1 KB, "
+            f"{meta['mb_per_run']['1 KB and up']} MB with larger ones. "
+            f"Took {meta['elapsed_s'] / 60:.0f} min."
             + (
                 f" Every record carries {meta['headers']} header(s) of an 8-byte value that "
                 "differs per record (not counted in MB/s or CPU per GB)."

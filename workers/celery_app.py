@@ -23,15 +23,18 @@ its own retries, not of a task that runs twice.
 Configuration (environment): ``SHMPROD_BOOTSTRAP`` (the worker's brokers, required),
 ``SHMPROD_PRODUCER_OPTIONS`` (JSON, e.g. ``{"compression_type": "lz4"}``), and
 ``SHMPROD_CELERY_DIR``: a directory for a Celery transport with no server (kombu's
-``filesystem://`` queues and a ``file://`` result backend). Without it, Celery's own
-settings (``CELERY_BROKER_URL``, ``CELERY_RESULT_BACKEND``) apply.
+``filesystem://`` queues, each message written whole before it appears (see
+:class:`AtomicFilesystemTransport`), and a ``file://`` result backend). Without it,
+Celery's own settings (``CELERY_BROKER_URL``, ``CELERY_RESULT_BACKEND``) apply.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,9 @@ import pyarrow.parquet as pq
 
 try:
     from celery import Celery
+    from kombu.exceptions import ChannelError
+    from kombu.transport import filesystem as kombu_filesystem
+    from kombu.utils.json import dumps as kombu_dumps
 except ImportError as exc:  # say which extra, not just the module
     raise ImportError(
         f"{exc}: workers.celery_app needs shmprod's 'celery' extra, pip install 'shmprod[celery]'"
@@ -66,16 +72,48 @@ app.conf.update(
 DEFAULT_TIMEOUT_S = 120.0
 
 
+class _AtomicChannel(kombu_filesystem.Channel):  # type: ignore[misc]
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+        """Writes the message under a name no reader takes (``.<id>.part``), then renames it to
+        its queue's name in one step: ``<ns>_<id>.<queue>.msg``, where ``<ns>`` is the
+        host's monotonic clock in 20 digits, so the readers' sorted listing takes one
+        writer's messages in order (the stock name has milliseconds, and messages within one
+        went in the order of their ids). The stock transport creates the file empty and then
+        writes it: a worker polling the folder moved and read one before its bytes were
+        there, and died on the empty message (JSONDecodeError)."""
+        folder = self.data_folder_out
+        msg_id = uuid.uuid4()
+        part = os.path.join(folder, f".{msg_id.hex}.part")
+        name = f"{time.monotonic_ns():020d}_{msg_id}.{queue}.msg"
+        try:
+            with open(part, "wb") as fh:
+                fh.write(kombu_dumps(payload).encode("utf-8"))
+            os.replace(part, os.path.join(folder, name))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            raise ChannelError(f"cannot add message {name!r} to {folder!r}: {exc}") from exc
+
+
+class AtomicFilesystemTransport(kombu_filesystem.Transport):  # type: ignore[misc]
+    """kombu's ``filesystem://`` transport, with each message file complete before it
+    appears in the queue folder (see ``_AtomicChannel._put``)."""
+
+    Channel = _AtomicChannel
+
+
 def configure(celery_app: Celery, data_dir: str | os.PathLike[str]) -> None:
     """Points ``celery_app`` at a server-less transport in ``data_dir``: queues as files
-    (kombu ``filesystem://``) and results as files (``file://``). The worker and every
-    client must use the same directory."""
+    (kombu ``filesystem://``, written whole: :class:`AtomicFilesystemTransport`) and
+    results as files (``file://``). The worker and every client must use the same
+    directory, and import this module."""
     root = Path(data_dir).absolute()
     folders = {name: root / name for name in ("queue", "processed", "control", "results")}
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     celery_app.conf.update(
         broker_url="filesystem://",
+        broker_transport=f"{__name__}:AtomicFilesystemTransport",
         broker_transport_options={
             "data_folder_in": str(folders["queue"]),
             "data_folder_out": str(folders["queue"]),

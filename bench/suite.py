@@ -530,11 +530,11 @@ def main(argv: list[str] | None = None) -> int:
     args.keys = args.keys or ("keyed" if args.quick else "keyed,null")
     args.compression = args.compression.split(",")
     args.keys = args.keys.split(",")
-    for name, given, allowed in (
+    for name, values, allowed in (
         ("--compression", args.compression, ("none", "lz4")),
         ("--keys", args.keys, ("keyed", "null")),
     ):
-        for x in given:
+        for x in values:
             if x not in allowed:
                 parser.error(f"{name}: unknown {x!r}: one of {list(allowed)}")
     procs_list = args.procs

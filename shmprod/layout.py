@@ -39,9 +39,11 @@ call, so a full memory barrier) separates every change of owner but one: a SPARE
 buffer (free, offered to every worker) goes to the worker that swaps its DESCRIPTOR's
 state and owner (``D_WORD``, one aligned 8-byte word) from SPARE to GRANTED by its slot,
 a compare-and-swap in the C extension, which the sender uses too to take a spare back.
-Counters in STATS, WORKERS and PARTITIONS have one writer each; readers (``stats()``)
-may see a value one update old, never a torn one on 64-bit platforms (aligned 8-byte
-fields).
+Every other change of ``D_WORD`` is one 8-byte store too (``speedups.write_word``):
+``struct.pack_into`` zeroes a field before it writes it, and a sender reading a claimed
+spare's word at that moment saw owner 0 or state FREE. Counters in STATS, WORKERS and
+PARTITIONS have one writer each; readers (``stats()``) may see a value one update old,
+or 0 while ``pack_into`` writes it.
 
 A topic's partitions are a contiguous range of PARTITION slots (``base + partition``).
 When a topic gains partitions it gets a new, larger range; each slot's ``P_HOME`` names

@@ -338,3 +338,22 @@ claim_words: Callable[..., list[int]] | None = None if _C is None else _C.claim_
 swap_word: Callable[..., int] | None = None if _C is None else _C.swap_word
 #: store_word(buf, off, value): an atomic 8-byte store
 store_word: Callable[..., None] | None = None if _C is None else _C.store_word
+
+
+def _write_word(buf: Any, off: int, value: int) -> None:
+    memoryview(buf)[off : off + 8].cast("Q")[0] = value
+
+
+#: write_word(buf, off, value): the 8-byte word at ``off`` (aligned) changed by one store,
+#: so a reader in another process sees the old value or the new one. struct.pack_into
+#: cannot do that: it zeroes its target before it writes (CPython's s_pack_internal), so
+#: a field written with it reads 0 for a moment. store_word with the extension, else one
+#: 8-byte copy through a memoryview cast (native byte order, as the extension's words).
+write_word: Callable[[Any, int, int], None] = _write_word if _C is None else _C.store_word
+
+
+def read_word(buf: Any, off: int) -> int:
+    """The 8-byte word at ``off`` (aligned) read by one load: the old value or the new
+    one of a concurrent :data:`write_word`, never a mix (struct.unpack_from reads byte by
+    byte)."""
+    return int(memoryview(buf)[off : off + 8].cast("Q")[0])

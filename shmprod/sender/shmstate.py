@@ -161,15 +161,15 @@ class SharedState:
         view = self.view
         geo = self.geo
         freeing = state == L.BUF_FREE
-        cont = L.BUF_FREE if freeing else L.BUF_CONT
+        head = L.descriptor_word(state, owner)
+        rest = L.descriptor_word(L.BUF_FREE if freeing else L.BUF_CONT, owner)
         d_run = 1 if freeing else run
         for i in range(run):
             off = geo.descriptor(first + i)
-            L.U32.pack_into(view, off + L.D_STATE, state if i == 0 else cont)
-            L.I32.pack_into(view, off + L.D_OWNER, owner)
             L.U32.pack_into(view, off + L.D_RUN, d_run)
             if freeing or state == L.BUF_GRANTED:
                 L.I32.pack_into(view, off + L.D_PARTITION, -1)
+            speedups.write_word(view, off + L.D_WORD, head if i == 0 else rest)
 
     def describe_batch(
         self, buffer: int, state: int, partition: int, batch_id: int, length: int, count: int
@@ -178,8 +178,7 @@ class SharedState:
         Sealed made the buffer the sender's."""
         off = self.geo.descriptor(buffer)
         view = self.view
-        L.U32.pack_into(view, off + L.D_STATE, state)
-        L.I32.pack_into(view, off + L.D_OWNER, -1)
+        speedups.write_word(view, off + L.D_WORD, L.descriptor_word(state, -1))
         L.I32.pack_into(view, off + L.D_PARTITION, partition)
         L.U64.pack_into(view, off + L.D_BATCH_ID, batch_id)
         L.U32.pack_into(view, off + L.D_LENGTH, length)
@@ -193,7 +192,11 @@ class SharedState:
         return int(L.U64.unpack_from(self.view, self.geo.descriptor(buffer) + L.D_CREATED_NS)[0])
 
     def set_descriptor_state(self, buffer: int, state: int) -> None:
-        L.U32.pack_into(self.view, self.geo.descriptor(buffer) + L.D_STATE, state)
+        """A sealed batch's state (SEALED, IN_FLIGHT), owner -1 (the sender's) as
+        :meth:`describe_batch` left it. Runs in: sender, for a buffer it holds."""
+        speedups.write_word(
+            self.view, self.geo.descriptor(buffer) + L.D_WORD, L.descriptor_word(state, -1)
+        )
 
     # -- spare buffers: a DESCRIPTOR's word changed atomically (C only) -------------------
 
@@ -231,4 +234,4 @@ class SharedState:
 
     def word(self, buffer: int) -> int:
         """A buffer's D_WORD (state and owner) as it is now. Runs in: sender."""
-        return int(L.U64.unpack_from(self.view, self.geo.descriptor(buffer) + L.D_WORD)[0])
+        return speedups.read_word(self.view, self.geo.descriptor(buffer) + L.D_WORD)

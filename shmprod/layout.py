@@ -41,9 +41,12 @@ state and owner (``D_WORD``, one aligned 8-byte word) from SPARE to GRANTED by i
 a compare-and-swap in the C extension, which the sender uses too to take a spare back.
 Every other change of ``D_WORD`` is one 8-byte store too (``speedups.write_word``):
 ``struct.pack_into`` zeroes a field before it writes it, and a sender reading a claimed
-spare's word at that moment saw owner 0 or state FREE. Counters in STATS, WORKERS and
-PARTITIONS have one writer each; readers (``stats()``) may see a value one update old,
-or 0 while ``pack_into`` writes it.
+spare's word at that moment saw owner 0 or state FREE. The 8-byte counters in STATS,
+WORKERS and PARTITIONS, and H_METADATA_EPOCH, have one writer each and change by one
+store the same way; readers (``stats()``) may see a value one update old, never a torn
+one. The 4-byte fields (gauges, leaders, states, the topic table) are written with
+``pack_into`` and may read 0 for that moment: nothing decides on one read of them (the
+topic table is read under its seqlock, a header state only after a break).
 
 A topic's partitions are a contiguous range of PARTITION slots (``base + partition``).
 When a topic gains partitions it gets a new, larger range; each slot's ``P_HOME`` names

@@ -54,7 +54,7 @@ class SharedState:
         """
         epoch = int(L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0])
         if epoch % 2 == 0:
-            L.U64.pack_into(self.view, L.H_METADATA_EPOCH, epoch + 1)
+            speedups.write_word(self.view, L.H_METADATA_EPOCH, epoch + 1)
 
     def bump_metadata_epoch(self) -> int:
         """Ends a topic table change: H_METADATA_EPOCH to the next even value.
@@ -63,7 +63,7 @@ class SharedState:
         """
         epoch = int(L.U64.unpack_from(self.view, L.H_METADATA_EPOCH)[0])
         epoch += 1 if epoch % 2 else 2
-        L.U64.pack_into(self.view, L.H_METADATA_EPOCH, epoch)
+        speedups.write_word(self.view, L.H_METADATA_EPOCH, epoch)
         return epoch
 
     # -- STATS ---------------------------------------------------------------------------
@@ -72,12 +72,12 @@ class SharedState:
         """Adds ``n`` to the STATS counter at ``field`` (an ``S_*`` constant)."""
         v = self._stats[field] + n
         self._stats[field] = v
-        L.U64.pack_into(self.view, self._stats_base + field, v if v > 0 else 0)
+        speedups.write_word(self.view, self._stats_base + field, v if v > 0 else 0)
 
     def set(self, field: int, value: int) -> None:
         """Sets a STATS gauge (buffers_free, requests_in_flight, ...)."""
         self._stats[field] = value
-        L.U64.pack_into(self.view, self._stats_base + field, value if value > 0 else 0)
+        speedups.write_word(self.view, self._stats_base + field, value if value > 0 else 0)
 
     def get(self, field: int) -> int:
         return self._stats[field]
@@ -150,7 +150,8 @@ class SharedState:
             (L.P_RECORDS_SENT, records),
             (L.P_BYTES_SENT, nbytes),
         ):
-            L.U64.pack_into(view, off + field, int(L.U64.unpack_from(view, off + field)[0]) + n)
+            total = int(L.U64.unpack_from(view, off + field)[0]) + n
+            speedups.write_word(view, off + field, total)
 
     # -- DESCRIPTORS ---------------------------------------------------------------------
 

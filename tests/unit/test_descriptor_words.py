@@ -1,5 +1,5 @@
-"""A DESCRIPTOR's state and owner change by whole words: a process reading them while
-another writes sees the old word or the new one, never a mix.
+"""A DESCRIPTOR's state and owner, and the 8-byte counters, change by whole words: a
+process reading them while another writes sees the old word or the new one, never a mix.
 
 struct.pack_into zeroes a field before it writes it, so a worker sealing a spare it
 claimed (GRANTED by its slot) showed the sender, reading the Claimed at that moment,
@@ -27,7 +27,12 @@ GEO = L.Geometry(n_buffers=4, buffer_size=1024, max_workers=8, max_topics=4, max
 WATCH_S = 1.0
 
 
-def _watch(mem: Any, offsets: list[int], allowed: set[int], stop: Any, out: Any) -> None:
+class _NotZero:
+    def __contains__(self, word: int) -> bool:
+        return word != 0
+
+
+def _watch(mem: Any, offsets: list[int], allowed: Any, stop: Any, out: Any) -> None:
     """Reads the words at ``offsets`` until ``stop`` is set; puts the ones not allowed."""
     seen: set[int] = set()
     reads = 0
@@ -40,7 +45,7 @@ def _watch(mem: Any, offsets: list[int], allowed: set[int], stop: Any, out: Any)
     out.put((sorted(seen), reads))
 
 
-def _run(write: Any, offsets: list[int], allowed: set[int]) -> tuple[list[int], int, int]:
+def _run(write: Any, offsets: list[int], allowed: Any) -> tuple[list[int], int, int]:
     """Calls ``write(view)`` in a loop for WATCH_S while a forked process reads."""
     mem = mmap.mmap(-1, GEO.segment_size)
     view = memoryview(mem)
@@ -104,5 +109,25 @@ def test_the_sender_describing_a_run_never_shows_a_word_between(state: int) -> N
         L.descriptor_word(L.BUF_FREE if state == L.BUF_FREE else L.BUF_CONT, owner),
     }
     seen, reads, writes = _run(describe, offsets, allowed)
+    assert reads > 1000 and writes > 1000
+    assert not seen, [hex(w) for w in seen]
+
+
+def test_counters_never_read_zero_between_two_values() -> None:
+    """The sender's STATS gauges and the topic table's epoch: a reader sees the old value
+    or the new one, not the 0 ``struct.pack_into`` would write first."""
+    offsets = [GEO.stats + L.S_BUFFERS_FREE, L.H_METADATA_EPOCH]
+    shared: list[SharedState] = []
+
+    def update(view: memoryview) -> None:
+        if not shared:
+            shared.append(SharedState(view, GEO))
+        s = shared[0]
+        s.set(L.S_BUFFERS_FREE, 3)
+        s.set(L.S_BUFFERS_FREE, 5)
+        s.begin_table_write()
+        s.bump_metadata_epoch()
+
+    seen, reads, writes = _run(update, offsets, _NotZero())
     assert reads > 1000 and writes > 1000
     assert not seen, [hex(w) for w in seen]

@@ -10,7 +10,6 @@ worker wrote it. These tests read the words from another process while they are 
 
 from __future__ import annotations
 
-import mmap
 import multiprocessing as mp
 import time
 from typing import Any
@@ -32,10 +31,13 @@ class _NotZero:
         return word != 0
 
 
-def _watch(mem: Any, offsets: list[int], allowed: Any, stop: Any, out: Any) -> None:
-    """Reads the words at ``offsets`` until ``stop`` is set; puts the ones not allowed."""
+def _watch(raw: Any, offsets: list[int], allowed: Any, ready: Any, stop: Any, out: Any) -> None:
+    """Reads the words at ``offsets`` until ``stop`` is set; puts the ones not allowed.
+    Runs in: a spawned process."""
+    mem = memoryview(raw).cast("B")
     seen: set[int] = set()
     reads = 0
+    ready.set()
     while not stop.is_set() and len(seen) < 16:
         for off in offsets:
             w = speedups.read_word(mem, off)
@@ -46,17 +48,17 @@ def _watch(mem: Any, offsets: list[int], allowed: Any, stop: Any, out: Any) -> N
 
 
 def _run(write: Any, offsets: list[int], allowed: Any) -> tuple[list[int], int, int]:
-    """Calls ``write(view)`` in a loop for WATCH_S while a forked process reads."""
-    mem = mmap.mmap(-1, GEO.segment_size)
-    view = memoryview(mem)
+    """Calls ``write(view)`` in a loop for WATCH_S while another process reads."""
+    ctx = mp.get_context("spawn")
+    raw = ctx.RawArray("B", GEO.segment_size)
+    view = memoryview(raw).cast("B")
     write(view)
-    ctx = mp.get_context("fork")
-    stop = ctx.Event()
-    out = ctx.Queue()
-    reader = ctx.Process(target=_watch, args=(mem, offsets, allowed, stop, out))
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=_watch, args=(raw, offsets, allowed, ready, stop, out))
     reader.start()
     writes = 0
     try:
+        assert ready.wait(60), "the reader did not start"
         deadline = time.monotonic() + WATCH_S
         while time.monotonic() < deadline:
             for _ in range(200):
@@ -64,10 +66,9 @@ def _run(write: Any, offsets: list[int], allowed: Any) -> tuple[list[int], int, 
             writes += 200
     finally:
         stop.set()
-        seen, reads = out.get(timeout=10)
+        seen, reads = out.get(timeout=30)
         reader.join(10)
         view.release()
-        mem.close()
     return seen, reads, writes
 
 

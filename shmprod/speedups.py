@@ -29,9 +29,11 @@ do the same in Python. The tests run both and compare them.
   without them the vectorised Arrow path (:mod:`shmprod.protocol.vectorized`) encodes
   the same bytes.
 
-* :func:`claim_words`, :func:`swap_word`, :func:`store_word`: atomic 8-byte words in
-  shared memory, for spare pool buffers (:mod:`shmprod.sender.pool`). C only: Python has
-  no compare-and-swap; without them the sender keeps no spares and workers ask.
+* :func:`claim_words`, :func:`swap_word`: atomic 8-byte words in shared memory, for
+  spare pool buffers (:mod:`shmprod.sender.pool`). C only: Python has no
+  compare-and-swap; without them the sender keeps no spares and workers ask.
+  :func:`write_word` and :func:`read_word` change and read such a word whole, with or
+  without the extension.
 
 Runs in: worker. ``Stager`` takes the Worker's state lock when another thread holds it
 (see ``_speedups.c``).
@@ -336,8 +338,6 @@ header_sections: Callable[[list[Any]], list[bytes | None]] | None = (
 claim_words: Callable[..., list[int]] | None = None if _C is None else _C.claim_words
 #: swap_word(buf, off, expected, desired) -> the word seen (swapped if it was expected)
 swap_word: Callable[..., int] | None = None if _C is None else _C.swap_word
-#: store_word(buf, off, value): an atomic 8-byte store
-store_word: Callable[..., None] | None = None if _C is None else _C.store_word
 
 
 def _write_word(buf: Any, off: int, value: int) -> None:
@@ -347,8 +347,8 @@ def _write_word(buf: Any, off: int, value: int) -> None:
 #: write_word(buf, off, value): the 8-byte word at ``off`` (aligned) changed by one store,
 #: so a reader in another process sees the old value or the new one. struct.pack_into
 #: cannot do that: it zeroes its target before it writes (CPython's s_pack_internal), so
-#: a field written with it reads 0 for a moment. store_word with the extension, else one
-#: 8-byte copy through a memoryview cast (native byte order, as the extension's words).
+#: a field written with it reads 0 for a moment. The extension's atomic store_word, else
+#: one 8-byte copy through a memoryview cast (native byte order, as the extension's words).
 write_word: Callable[[Any, int, int], None] = _write_word if _C is None else _C.store_word
 
 

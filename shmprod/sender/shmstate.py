@@ -206,11 +206,10 @@ class SharedState:
         partition, then state and owner in one atomic store with release ordering, so a
         worker whose swap sees SPARE sees the rest too. Runs in: sender, for a free
         buffer it owns."""
-        assert speedups.store_word is not None
         off = self.geo.descriptor(buffer)
         L.U32.pack_into(self.view, off + L.D_RUN, 1)
         L.I32.pack_into(self.view, off + L.D_PARTITION, -1)
-        speedups.store_word(self.view, off + L.D_WORD, L.SPARE_WORD)
+        speedups.write_word(self.view, off + L.D_WORD, L.SPARE_WORD)
 
     def take_back_spare(self, buffer: int) -> int:
         """Swaps a SPARE buffer's word to FREE (the sender's again), atomically. Returns

@@ -26,8 +26,8 @@ WORD = 8
 
 
 def _c() -> tuple[object, object, object]:
-    assert speedups.claim_words and speedups.swap_word and speedups.store_word
-    return speedups.claim_words, speedups.swap_word, speedups.store_word
+    assert speedups.claim_words and speedups.swap_word
+    return speedups.claim_words, speedups.swap_word, speedups.write_word
 
 
 def _words(buf: bytearray | mmap.mmap, n: int, stride: int = WORD) -> list[int]:

@@ -519,6 +519,15 @@ def main(argv: list[str] | None = None) -> int:
         help="headers per record (8-byte values); only the per-record kinds and the ceiling",
     )
     parser.add_argument("--latency-rate", type=_number(int, 1), default=2000)
+    parser.add_argument(
+        "--mb", type=_number(int, 1), default=100, help="MB of keys and values per run, 1 KB"
+    )
+    parser.add_argument(
+        "--mb-small",
+        type=_number(int, 1),
+        default=200,
+        help="MB of keys and values per run, values under 1 KB",
+    )
     parser.add_argument("--out", default=None, help="results path prefix")
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
@@ -552,8 +561,6 @@ def main(argv: list[str] | None = None) -> int:
     # the pool and the run was mostly its fill and drain (eight processes against one:
     # 0.66-0.70 at 0.5 M records, 0.82-1.01 at 2 M; the broker holds 2 M at an unchanged
     # rate)
-    args.mb = 100
-    args.mb_small = 200
     cells = _cells(args)
 
     ctx = mp.get_context("forkserver")

@@ -147,6 +147,11 @@ def count_back(
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 16 << 20,
+            # prefetch without stalls: with the default (100,000 per partition) it read
+            # 2 M 100 B records in about 10 s, with these in about 3 s (1 KB: the same)
+            "queued.min.messages": 1_000_000,
+            "queued.max.messages.kbytes": 1 << 20,
             "log_level": 3,
         }
     )

@@ -470,7 +470,15 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     row["low"] = min(rates)
     row["high"] = max(rates)
+    cpus = [r["cpu_s_per_gb"] for r in runs]
+    # CPU per GB moves with the machine's speed as much as records/s does: its spread
+    # is published too, and every run's figures are kept
+    row["cpu_low"] = min(cpus)
+    row["cpu_high"] = max(cpus)
     row["runs"] = len(runs)
+    row["per_run"] = [
+        {k: r[k] for k in ("records_per_s", "cpu_s_per_gb", "peak_mb") if k in r} for r in runs
+    ]
     return row
 
 
@@ -718,7 +726,8 @@ def _markdown(
             f"Python {meta['python']}; {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. "
             f"{PARTITIONS} partitions, acks=all, idempotence on, linger {LINGER_MS} ms, a fresh "
             f"embedded broker (tansu) per run; every run read back and counted. Median of "
-            f"{meta['repeat']} interleaved run(s) per row; low-high is the spread of records/s. "
+            f"{meta['repeat']} interleaved run(s) per row; low-high is the spread of records/s, and "
+            "the CPU's spread follows its median in brackets. "
             f"A worker stops after {meta['max_seconds']:.0f} s. A run sends "
             f"{meta['mb_per_run']['under 1 KB']} MB of keys and values with values under 1 KB, "
             f"{meta['mb_per_run']['1 KB and up']} MB with larger ones. "
@@ -758,7 +767,7 @@ def _markdown(
                     fh.write(
                         f"| {procs} | {r['kind']} | {r['records_per_s']:,.0f} | {r['low']:,.0f} - {r['high']:,.0f} | "
                         f"{r['mb_per_s']:.1f} | {_fmt(r['vs_confluent'])} | {_fmt(r['of_ceiling'])} | "
-                        f"{r['cpu_s_per_gb']:.1f} | {r['peak_mb']:.0f} | {r['producer_mb']:.0f} | {r['connections']:.0f} |\n"
+                        f"{_cpu_cell(r)} | {r['peak_mb']:.0f} | {r['producer_mb']:.0f} | {r['connections']:.0f} |\n"
                     )
             fh.write("\n")
         fh.write(
@@ -771,6 +780,13 @@ def _markdown(
             fh.write(
                 f"| {r['kind']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['p99_low']:.2f} - {r['p99_high']:.2f} |\n"
             )
+
+
+def _cpu_cell(r: dict[str, Any]) -> str:
+    """CPU s/GB of a row: the median, and the runs' spread when there was more than one."""
+    if r.get("runs", 1) > 1 and "cpu_low" in r:
+        return f"{r['cpu_s_per_gb']:.1f} ({r['cpu_low']:.1f}-{r['cpu_high']:.1f})"
+    return f"{r['cpu_s_per_gb']:.1f}"
 
 
 def _summary(

@@ -476,9 +476,7 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["cpu_low"] = min(cpus)
     row["cpu_high"] = max(cpus)
     row["runs"] = len(runs)
-    row["per_run"] = [
-        {k: r[k] for k in ("records_per_s", "cpu_s_per_gb", "peak_mb") if k in r} for r in runs
-    ]
+    row["per_run"] = [{k: r[k] for k in ("records_per_s", "cpu_s_per_gb", "peak_mb")} for r in runs]
     return row
 
 
@@ -784,7 +782,7 @@ def _markdown(
 
 def _cpu_cell(r: dict[str, Any]) -> str:
     """CPU s/GB of a row: the median, and the runs' spread when there was more than one."""
-    if r.get("runs", 1) > 1 and "cpu_low" in r:
+    if r["runs"] > 1:
         return f"{r['cpu_s_per_gb']:.1f} ({r['cpu_low']:.1f}-{r['cpu_high']:.1f})"
     return f"{r['cpu_s_per_gb']:.1f}"
 

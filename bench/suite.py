@@ -21,13 +21,14 @@ sends its share of the cell's records to a 12-partition topic on a FRESH embedde
   100 B lz4 keyed: 2.81-3.18 M records/s cold, 3.08-3.20 M warmed).
 
 Per run: records/s and MB/s (from the first worker's start to the last acknowledgement),
-CPU seconds per GB of keys and values (workers and sender, every thread), peak memory
-(PSS, so the shared pool counts once) of workers and sender, plus the pool's share held
-by the process that made the producer (so the pool counts whole), and connections opened to
-the broker. Every run reads the topic back with confluent-kafka's consumer and fails
-unless it holds exactly the records sent. Each worker stops at its share or after
-``--max-seconds`` (the slow clients would otherwise take minutes); the rate counts what
-was sent. Then send-to-acknowledgement latency, p50/p99, at a moderate fixed rate.
+CPU seconds per GB of keys and values (workers and sender, every thread, from the
+barrier on), peak memory (PSS, so the shared pool counts once) of workers and sender,
+plus the pool's share held by the process that made the producer (so the pool counts
+whole), and connections opened to the broker. Every run reads the topic back with
+confluent-kafka's consumer and fails unless it holds exactly the records sent. Each
+worker stops at its share or after ``--max-seconds`` (the slow clients would otherwise
+take minutes); the rate counts what was sent. Then send-to-acknowledgement latency,
+p50/p99, at a moderate fixed rate.
 
 ``--headers N`` gives every record N headers with an 8-byte value that differs per record
 (the per-record kinds and the ceiling only).
@@ -227,9 +228,12 @@ def measure(
                 watch.pids.update(p.pid for p in workers if p.pid)
                 if sender_pid:
                     watch.pids.add(sender_pid)
-                s0 = _cpu(sender_pid)
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
+                # from the barrier, as the workers count theirs: what the sender spent on
+                # their start (attach, the warm-up record) is set-up, like a peer's
+                # producer built before the barrier
+                s0 = _cpu(sender_pid)
                 if producer is not None:  # every worker has mapped the pool: shares settled
                     watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 reports = [out.get(timeout=900) for _ in workers]

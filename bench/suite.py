@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--latency-rate", type=_number(int, 1), default=2000)
     parser.add_argument(
-        "--mb", type=_number(int, 1), default=100, help="MB of keys and values per run, 1 KB"
+        "--mb", type=_number(int, 1), default=250, help="MB of keys and values per run, 1 KB"
     )
     parser.add_argument(
         "--mb-small",

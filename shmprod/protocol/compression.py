@@ -14,6 +14,14 @@ Wire formats (what Java's producer writes, so every consumer can read ours):
 - lz4 (3): the LZ4 *frame* format with Java's ``Lz4BlockOutputStream`` settings:
   version 1, independent blocks, no block checksum, no content checksum, no content size,
   64 KiB maximum block size; a block that does not shrink is stored uncompressed.
+  Early abort: once a block saves less than 1/32 of its size, the next 7 blocks of the
+  frame are stored uncompressed without trying (an incompressible 64 KiB block costs
+  as much CPU to try as a compressible one), and the 8th is tried again. A frame is
+  one batch's records, so a batch of incompressible values (random ids, encrypted or
+  already compressed payloads) is tried once per 512 KiB instead of throughout.
+  Measured on 100-byte random values with 16-byte keys (what a batch's records section
+  holds): the fast compressor runs at about 1.3 GB/s and saves 0.3%; a stored block
+  costs a copy.
   Java's reader skips a content size and (depending on version) ignores or verifies a
   content checksum, so writing neither is the one choice every version accepts.
 - zstd (4): one zstd frame (needs Produce v7+), level 3 by default like Java.
@@ -96,6 +104,10 @@ _LZ4_UNCOMPRESSED_BIT: Final = 0x80000000
 _LZ4_END_MARK: Final = b"\x00\x00\x00\x00"
 _LE_U32 = struct.Struct("<I")
 _LZ4_JAVA_DEFAULT_LEVEL: Final = 9  # Java uses the fast compressor at its default level 9
+# Early abort: a block that saves less than 1/2**_LZ4_MIN_SAVING_SHIFT of its size means
+# the next _LZ4_PROBE_EVERY - 1 blocks of the frame are stored without being tried.
+_LZ4_MIN_SAVING_SHIFT: Final = 5
+_LZ4_PROBE_EVERY: Final = 8
 
 # --- gzip -----------------------------------------------------------------------------
 _CRAMJAM_GZIP_LEVELS: Final = (1, 2)  # faster than zlib here; zlib wins from level 3 up
@@ -298,10 +310,17 @@ def _lz4_compress_into(data: Buffer, out: memoryview, level: int | None) -> int:
     hdr = len(LZ4_FRAME_HEADER)
     out[:hdr] = LZ4_FRAME_HEADER
     pos = hdr
+    untried = 0  # blocks still to store without trying (early abort)
     for start in range(0, n, LZ4_BLOCK_SIZE):
         block = src[start : start + LZ4_BLOCK_SIZE]
-        packed = block_fn(block)
-        if len(packed) >= len(block):  # incompressible: store as is, like Java
+        packed = b""
+        if untried:
+            untried -= 1
+        else:
+            packed = block_fn(block)
+            if len(packed) > len(block) - (len(block) >> _LZ4_MIN_SAVING_SHIFT):
+                untried = _LZ4_PROBE_EVERY - 1
+        if not packed or len(packed) >= len(block):  # untried or incompressible: as is
             _LE_U32.pack_into(out, pos, len(block) | _LZ4_UNCOMPRESSED_BIT)
             out[pos + 4 : pos + 4 + len(block)] = block
             pos += 4 + len(block)

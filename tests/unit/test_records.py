@@ -302,6 +302,40 @@ def test_wire_formats_are_what_java_writes() -> None:
     assert C.compress(C.ZSTD, data)[:4] == b"\x28\xb5\x2f\xfd"
 
 
+def _lz4_blocks(frame: bytes) -> list[bool]:
+    """Whether each block of one of our lz4 frames is stored compressed."""
+    pos, kinds = 7, []
+    while (word := struct.unpack_from("<I", frame, pos)[0]) != 0:
+        kinds.append(not word & 0x80000000)
+        pos += 4 + (word & 0x7FFFFFFF)
+    assert pos + 4 == len(frame)
+    return kinds
+
+
+@pytest.mark.parametrize("level", [None, 4])
+def test_lz4_stops_trying_after_a_block_that_saves_little(level: int | None) -> None:
+    block = C.LZ4_BLOCK_SIZE
+    noise = random.Random(5).randbytes(block)
+    text = b"compress me, I repeat myself " * (3 * block // 29 + 1)
+    # an incompressible first block: the next 7 are stored without trying, the 9th is
+    # tried (and compresses), and so are the ones after it
+    data = noise + text[:block] * 9 + text[:100]
+    lz = C.compress(C.LZ4, data, level)
+    assert _lz4_blocks(lz) == [False] * 8 + [True] * 3
+    assert C.decompress(C.LZ4, lz) == data
+    import lz4.frame
+
+    assert lz4.frame.decompress(lz) == data  # what another reader makes of it
+    # one that saves little (under 1/32) is kept compressed, but the next is not tried;
+    # one that saves enough does not stop the next
+    slight = noise[: block - block // 40] + b"\0" * (block // 40)
+    assert _lz4_blocks(C.compress(C.LZ4, slight + text[:block], level)) == [True, False]
+    ample = noise[: block - block // 20] + b"\0" * (block // 20)
+    assert _lz4_blocks(C.compress(C.LZ4, ample + text[:block], level)) == [True, True]
+    # compressible from the start: every block is compressed
+    assert _lz4_blocks(C.compress(C.LZ4, text[: 3 * block], level)) == [True] * 3
+
+
 def test_decompress_reads_other_producers_framings() -> None:
     import gzip
 

@@ -1287,6 +1287,24 @@ arrow_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
     return 0;
 }
 
+/* The chunk of a chunked column holding row: the last j with starts[j] <= row (0 <= row
+ * < n, checked by the caller). */
+static inline Py_ssize_t
+chunk_of(const Col *c, Py_ssize_t row)
+{
+    Py_ssize_t lo = 0, hi = c->nchunks - 1;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi + 1) / 2;
+        if (c->starts[mid] <= row) {
+            lo = mid;
+        }
+        else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
 /* Row ``row``'s bytes: *len -1 for null. */
 static inline int
 col_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
@@ -1314,18 +1332,8 @@ col_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
         return 0;
     }
     if (c->kind == COL_CHUNKS) {
-        /* the chunk holding row: the last j with starts[j] <= row (row < n, checked) */
-        Py_ssize_t lo = 0, hi = c->nchunks - 1;
-        while (lo < hi) {
-            Py_ssize_t mid = (lo + hi + 1) / 2;
-            if (c->starts[mid] <= row) {
-                lo = mid;
-            }
-            else {
-                hi = mid - 1;
-            }
-        }
-        return arrow_item(&c->chunks[lo], row - c->starts[lo], ptr, len);
+        Py_ssize_t j = chunk_of(c, row);
+        return arrow_item(&c->chunks[j], row - c->starts[j], ptr, len);
     }
     return arrow_item(c, row, ptr, len);
 }
@@ -1550,6 +1558,94 @@ row_get(Rows *r, Py_ssize_t i, const char **k, Py_ssize_t *klen, const char **v,
     return 0;
 }
 
+/* How far ahead encode_records asks for a row's bytes: PREFETCH_ROWS rows, the first
+ * PREFETCH_BYTES of each value and key. Measured (10,000-row calls sorted by partition,
+ * the rows not in cache): the copy of 100 B values takes half the time, 8 or 32 rows
+ * ahead alike; of 1 KB values 12% less, the first 512 B to 2 KiB alike. */
+#define PREFETCH_ROWS 8
+#define PREFETCH_BYTES 1024
+/* Of a list column's bytes objects (send()'s staged rows), the first 3 lines: a 32-byte
+ * object header and 160 bytes. Measured on 100 B values: 1 line 8%, 3 lines 40% less
+ * time; 2-stage (the first line, then the size's worth) no better. */
+#define LIST_PREFETCH_LINES 3
+
+/* Asks the CPU to start loading the cache line at p. It never faults, whatever p is.
+ * On x86 it is the instruction itself: GCC 12 compiled the __builtin_prefetch calls of
+ * encode_records to nothing at -O1 and above (read in its assembly). */
+static inline void
+prefetch_line(const char *p)
+{
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__ volatile("prefetcht0 %0" : : "m"(*p));
+#else
+    __builtin_prefetch(p);
+#endif
+}
+
+/* Asks for the first PREFETCH_BYTES of row ``row``'s bytes in an Arrow column. Reads
+ * what arrow_item reads and checks nothing else: a bad offset only loads a useless line,
+ * and arrow_item reports it when the row is reached. */
+static inline void
+arrow_prefetch(const Col *c, Py_ssize_t row)
+{
+    Py_ssize_t i = c->base + row;
+    long long a, b;
+    if (c->wide) {
+        int64_t x, y;
+        memcpy(&x, c->offsets + 8 * i, 8);
+        memcpy(&y, c->offsets + 8 * (i + 1), 8);
+        a = x;
+        b = y;
+    }
+    else {
+        int32_t x, y;
+        memcpy(&x, c->offsets + 4 * i, 4);
+        memcpy(&y, c->offsets + 4 * (i + 1), 4);
+        a = x;
+        b = y;
+    }
+    if (a >= 0 && a < b && b <= c->data_len) {
+        if (b - a > PREFETCH_BYTES) {
+            b = a + PREFETCH_BYTES;
+        }
+        for (long long at = a; at < b; at += 64) {
+            prefetch_line(c->data + at);
+        }
+        prefetch_line(c->data + b - 1);
+    }
+}
+
+/* Row ``row``'s bytes asked for (see arrow_prefetch); of a list column, the first
+ * LIST_PREFETCH_LINES lines of the bytes object, without reading its size. */
+static inline void
+col_prefetch(const Col *c, Py_ssize_t row)
+{
+    if (c->kind == COL_LIST) {
+        const char *o = (const char *)c->items[row];
+        for (int k = 0; k < LIST_PREFETCH_LINES; k++) {
+            prefetch_line(o + 64 * k);
+        }
+    }
+    else if (c->kind == COL_ARROW) {
+        arrow_prefetch(c, row);
+    }
+    else if (c->kind == COL_CHUNKS) {
+        Py_ssize_t j = chunk_of(c, row);
+        arrow_prefetch(&c->chunks[j], row - c->starts[j]);
+    }
+}
+
+/* Asks for sorted row i's key and value bytes ahead of their copy (see col_prefetch). */
+static inline void
+row_prefetch(const Rows *r, Py_ssize_t i)
+{
+    long long x = r->order ? r->order[i] : (long long)i;
+    if (x >= 0 && x < r->n) {
+        col_prefetch(&r->values, (Py_ssize_t)x);
+        col_prefetch(&r->keys, (Py_ssize_t)x);
+    }
+}
+
 /* A record's body size (all but its length varint); -1 and OverflowError if too big. */
 static inline long long
 body_size(Py_ssize_t klen, Py_ssize_t vlen, long long ts_delta, long long offset_delta,
@@ -1709,6 +1805,9 @@ encode_records(PyObject *mod, PyObject *args)
     char *p = (char *)out.buf + offset;
     const char *stop = (const char *)out.buf + out.len;
     for (Py_ssize_t i = lo; i < hi; i++) {
+        if (i + PREFETCH_ROWS < hi) {
+            row_prefetch(&r, i + PREFETCH_ROWS);
+        }
         const char *kp, *vp, *hp;
         Py_ssize_t k, v, h;
         long long ts;

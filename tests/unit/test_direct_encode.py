@@ -255,6 +255,41 @@ def test_arrow_buffers_that_lie_are_refused() -> None:
             encode(col, None, 1, None, 0, 2, 1, out, 0)
 
 
+def test_rows_asked_for_ahead_encode_as_the_reference() -> None:
+    """encode_records asks for the bytes of rows ahead of the one it copies (the first
+    1 KiB of each): values longer than that, shorter, empty and null, in a shuffled
+    order, come out as the per-record encoder writes them."""
+    rng = np.random.default_rng(7)
+    n = 64
+    sizes = rng.choice([0, 1, 63, 64, 65, 1023, 1024, 1025, 3000], n)
+    values: list[bytes | None] = [rng.bytes(int(z)) for z in sizes]
+    values[5] = values[40] = None
+    keys: list[bytes | None] = [rng.bytes(16) if i % 3 else None for i in range(n)]
+    order = rng.permutation(n).astype(np.int64)
+    source = arrow_source(pa.array(values, pa.binary()), pa.array(keys, pa.binary()), 7, None)
+    assert source is not None
+    ((_, batch),) = plan(source, order, [(0, 0, n)], 1 << 20)
+    want = _reference(values, keys, [7] * n, order.tolist(), 7, [[]] * n)
+    out = bytearray(len(want))
+    assert batch.write_into(memoryview(out), 0) == len(want)
+    assert bytes(out) == want
+
+
+def test_a_lying_offset_ahead_is_refused_when_its_row_is_reached() -> None:
+    """The row asked for ahead has an offset past the data, or before it: nothing is
+    read from there, and the row is refused with a typed error when it is copied."""
+    encode = speedups.encode_records
+    assert encode is not None
+    n = 40
+    for bad in (10**9, -(10**6)):
+        offsets = np.arange(0, 4 * (n + 1), 4, dtype=np.int32)
+        offsets[20] = bad
+        column = (n, 0, 4, None, offsets.tobytes(), b"v" * (4 * n))
+        out = bytearray(64 * n)
+        with pytest.raises(ValueError, match="outside its data buffer"):
+            encode(column, None, 1, None, 0, n, 1, out, 0)
+
+
 def test_chunks_that_lie_are_refused() -> None:
     """The chunked form (held calls' values): every chunk checked as an Arrow column,
     the rows counted across chunks; a typed error for a bad one."""

@@ -265,6 +265,8 @@ def measure(
         "records_per_s": sent / (end - start),
         "mb_per_s": nbytes / (end - start) / 1e6,
         "cpu_s_per_gb": cpu / (nbytes / 1e9),
+        # shmprod's sender alone (0 for the peers): the rest is the workers'
+        "sender_cpu_s_per_gb": (s1 - s0) / (nbytes / 1e9),
         "peak_mb": watch.peak / 2**20,
         "producer_mb": max(0.0, watch.peak - base) / 2**20,
         "connections": len(watch.ports),
@@ -381,6 +383,7 @@ def _ceiling(
         "records_per_s": sent / (t1 - t0),
         "mb_per_s": nbytes / (t1 - t0) / 1e6,
         "cpu_s_per_gb": (c1 - c0) / (nbytes / 1e9),
+        "sender_cpu_s_per_gb": 0.0,
         "peak_mb": 0.0,
         "producer_mb": 0.0,
         "connections": 1,
@@ -480,7 +483,8 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["cpu_low"] = min(cpus)
     row["cpu_high"] = max(cpus)
     row["runs"] = len(runs)
-    row["per_run"] = [{k: r[k] for k in ("records_per_s", "cpu_s_per_gb", "peak_mb")} for r in runs]
+    keep = ("records_per_s", "cpu_s_per_gb", "sender_cpu_s_per_gb", "peak_mb")
+    row["per_run"] = [{k: r[k] for k in keep} for r in runs]
     return row
 
 

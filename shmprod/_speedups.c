@@ -1253,6 +1253,27 @@ fail:
     return -1;
 }
 
+/* Item i's offsets in an Arrow column's offsets buffer (the array's offset included;
+ * col_get checked that the buffer holds them), unchecked against the data. */
+static inline void
+arrow_offsets(const Col *c, Py_ssize_t i, long long *a, long long *b)
+{
+    if (c->wide) {
+        int64_t x, y;
+        memcpy(&x, c->offsets + 8 * i, 8);
+        memcpy(&y, c->offsets + 8 * (i + 1), 8);
+        *a = x;
+        *b = y;
+    }
+    else {
+        int32_t x, y;
+        memcpy(&x, c->offsets + 4 * i, 4);
+        memcpy(&y, c->offsets + 4 * (i + 1), 4);
+        *a = x;
+        *b = y;
+    }
+}
+
 /* Row ``row``'s bytes of an Arrow column: *len -1 for null. */
 static inline int
 arrow_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
@@ -1264,20 +1285,7 @@ arrow_item(const Col *c, Py_ssize_t row, const char **ptr, Py_ssize_t *len)
         return 0;
     }
     long long a, b;
-    if (c->wide) {
-        int64_t x, y;
-        memcpy(&x, c->offsets + 8 * i, 8);
-        memcpy(&y, c->offsets + 8 * (i + 1), 8);
-        a = x;
-        b = y;
-    }
-    else {
-        int32_t x, y;
-        memcpy(&x, c->offsets + 4 * i, 4);
-        memcpy(&y, c->offsets + 4 * (i + 1), 4);
-        a = x;
-        b = y;
-    }
+    arrow_offsets(c, i, &a, &b);
     if (a < 0 || b < a || b > c->data_len) {
         PyErr_SetString(PyExc_ValueError, "an Arrow offset is outside its data buffer");
         return -1;
@@ -1590,20 +1598,7 @@ arrow_prefetch(const Col *c, Py_ssize_t row)
 {
     Py_ssize_t i = c->base + row;
     long long a, b;
-    if (c->wide) {
-        int64_t x, y;
-        memcpy(&x, c->offsets + 8 * i, 8);
-        memcpy(&y, c->offsets + 8 * (i + 1), 8);
-        a = x;
-        b = y;
-    }
-    else {
-        int32_t x, y;
-        memcpy(&x, c->offsets + 4 * i, 4);
-        memcpy(&y, c->offsets + 4 * (i + 1), 4);
-        a = x;
-        b = y;
-    }
+    arrow_offsets(c, i, &a, &b);
     if (a >= 0 && a < b && b <= c->data_len) {
         if (b - a > PREFETCH_BYTES) {
             b = a + PREFETCH_BYTES;

@@ -38,7 +38,17 @@ from shmprod.protocol.messages import (
     decode_response,
     encode_body,
     encode_request,
+    encode_request_segments,
     encode_response,
+    produce_fast,
+)
+from shmprod.protocol.messages.produce import (
+    PartitionProduceData,
+    PartitionProduceResponse,
+    ProduceRequest,
+    ProduceResponse,
+    TopicProduceData,
+    TopicProduceResponse,
 )
 from shmprod.protocol.messages.schema import (
     ArrayKind,
@@ -368,3 +378,130 @@ def test_fuzz_primitive_readers() -> None:
             return read(p.Reader(d))
 
         attempt(decode, data)
+
+
+# ---------------------------------------------------------------------------
+# Produce's short path: the same bytes and objects as the generic codec
+# ---------------------------------------------------------------------------
+
+
+def plain_produce_request(version: int, rng: random.Random) -> ProduceRequest:
+    """A request of the shape the sender sends: no tags, records of every buffer type."""
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    topics = []
+    for _ in range(rng.randint(0, 3)):
+        parts = []
+        for _ in range(rng.choice([0, 1, 3, 8, 130])):
+            raw = rng.randbytes(rng.choice([0, 1, 61, 200]))
+            records: Any = rng.choice([raw, bytearray(raw), memoryview(raw), None])
+            parts.append(PartitionProduceData(index=rng.randint(-1, 2**31 - 1), records=records))
+        name = "".join(rng.choice(_TEXT) for _ in range(rng.randint(0, 200)))
+        topics.append(TopicProduceData(name=name, partition_data=parts))
+    tid = rng.choice([None, "", "tx-é"]) if flexible or rng.random() < 0.5 else None
+    return ProduceRequest(
+        transactional_id=tid,
+        acks=rng.choice([-1, 0, 1]),
+        timeout_ms=rng.randint(0, 2**31 - 1),
+        topic_data=topics,
+    )
+
+
+def plain_produce_response(version: int, rng: random.Random) -> ProduceResponse:
+    """An answer of the shape brokers send: error codes and offsets, nothing else."""
+    topics = []
+    for _ in range(rng.randint(0, 3)):
+        parts = [
+            PartitionProduceResponse(
+                index=rng.randint(-(2**31), 2**31 - 1),
+                error_code=rng.choice([0, 0, 0, 6, 47, -1]),
+                base_offset=rng.choice([-1, 0, rng.randint(0, 2**63 - 1)]),
+                log_append_time_ms=rng.choice([-1, rng.randint(0, 2**41)]),
+                log_start_offset=rng.choice([-1, 0, 7]) if version >= 5 else -1,
+            )
+            for _ in range(rng.choice([0, 1, 3, 12, 140]))
+        ]
+        name = "".join(rng.choice(_TEXT) for _ in range(rng.randint(0, 200)))
+        topics.append(TopicProduceResponse(name=name, partition_responses=parts))
+    return ProduceResponse(responses=topics, throttle_time_ms=rng.randint(-1, 2**31 - 1))
+
+
+@pytest.mark.parametrize("version", _versions(ProduceRequest))
+def test_produce_short_path_writes_the_generic_bytes(version: int) -> None:
+    rng = rng_for("produce short path, request", version)
+    short = 0
+    for i in range(150):
+        plain = i % 3 != 2
+        if plain:
+            msg = plain_produce_request(version, rng)
+        else:
+            msg = random_message(ProduceRequest, version, rng)
+        corr = rng.randint(0, 2**31 - 1)
+        client_id = rng.choice([None, "", "shmprod-é"])
+        expected = encode_request(msg, version, corr, client_id)
+        segments = produce_fast.encode_request_segments(msg, version, corr, client_id)
+        if segments is None:
+            assert not plain, msg
+            continue
+        short += 1
+        assert b"".join(segments) == expected
+        assert all(len(s) for s in segments)
+        spliced = [
+            pd.records
+            for td in msg.topic_data
+            for pd in td.partition_data
+            if pd.records is not None and len(pd.records)
+        ]
+        # each non-empty record buffer is its own segment, in order, uncopied
+        wanted = iter(spliced)
+        want = next(wanted, None)
+        for seg in segments:
+            if seg is want or (isinstance(seg, memoryview) and seg.obj is want):
+                want = next(wanted, None)
+        assert want is None
+        assert encode_request_segments(msg, version, corr, client_id) == segments
+    assert short >= 100
+
+
+@pytest.mark.parametrize("version", _versions(ProduceResponse))
+def test_produce_short_path_reads_the_generic_objects(version: int) -> None:
+    rng = rng_for("produce short path, response", version)
+    short = 0
+    for i in range(150):
+        plain = i % 3 != 2
+        msg = (
+            plain_produce_response(version, rng)
+            if plain
+            else random_message(ProduceResponse, version, rng)
+        )
+        payload = encode_response(msg, version, 5)[4:]
+        _, offset = decode_response_header(payload, ApiKey.PRODUCE, version)
+        got = produce_fast.decode_response_body(payload, offset, version)
+        expected = decode_response(ProduceResponse, payload, version)[1]
+        if got is None:
+            assert not plain, msg
+            continue
+        short += 1
+        assert got == expected == msg
+    assert short >= 100
+
+
+@pytest.mark.parametrize("version", _versions(ProduceResponse))
+def test_fuzz_produce_short_path(version: int) -> None:
+    """Whatever the short path reads from mangled bytes, the generic codec reads the
+    same; whatever it refuses, it refuses without raising."""
+    rng = rng_for("produce short path, fuzz", version)
+    valid = [
+        encode_response(plain_produce_response(version, rng), version, 1)[4:] for _ in range(8)
+    ]
+    short = 0
+    for data in inputs(valid, rng, 1500):
+        try:
+            _, offset = decode_response_header(data, ApiKey.PRODUCE, version)
+        except ProtocolError:
+            continue
+        got = produce_fast.decode_response_body(data, offset, version)
+        if got is None:
+            continue
+        short += 1
+        assert decode_body(ProduceResponse, data, version, offset) == got
+    assert short > 0

@@ -9,7 +9,7 @@ spliced in uncopied, ready for ``socket.sendmsg``) and decodes answers with
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from shmprod.errors import DecodeError
 from shmprod.protocol.frames import (
@@ -22,6 +22,7 @@ from shmprod.protocol.frames import (
     decode_response_header,
     patch_size_prefix,
 )
+from shmprod.protocol.messages import produce_fast
 from shmprod.protocol.messages.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from shmprod.protocol.messages.create_topics import CreateTopicsRequest, CreateTopicsResponse
 from shmprod.protocol.messages.fetch import FetchRequest, FetchResponse
@@ -106,8 +107,13 @@ def encode_request_segments(
     The first segment starts with the int32 size prefix and the header. Each non-empty
     ``records`` field is its own segment: the caller's object itself (bytes or
     memoryview; a bytearray is wrapped in a memoryview), so keep it unchanged until
-    the segments are sent.
+    the segments are sent. A Produce request takes the short path of
+    :mod:`.produce_fast` (the same bytes) where it can.
     """
+    if type(request) is ProduceRequest:
+        fast = produce_fast.encode_request_segments(request, version, correlation_id, client_id)
+        if fast is not None:
+            return fast
     return _request_writer(request, version, correlation_id, client_id).segments()
 
 
@@ -170,9 +176,14 @@ def decode_response(
     support the ApiVersions version asked answers in version 0 (KIP-511), so an
     ApiVersions response that does not parse at ``version`` is retried as version 0;
     its ``error_code`` is then UNSUPPORTED_VERSION (35) and ``api_keys`` says which
-    ApiVersions versions the broker supports.
+    ApiVersions versions the broker supports. A Produce response takes the short path
+    of :mod:`.produce_fast` (the same object) where it can.
     """
     correlation_id, offset = decode_response_header(payload, cls.API_KEY, version)
+    if cls is ProduceResponse:
+        fast = produce_fast.decode_response_body(payload, offset, version)
+        if fast is not None:
+            return correlation_id, cast(R, fast)
     try:
         return correlation_id, decode_body(cls, payload, version, offset)
     except DecodeError as first:

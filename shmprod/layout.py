@@ -229,6 +229,15 @@ def word_owner(word: int) -> int:
     return owner - (1 << 32) if owner >= 1 << 31 else owner
 
 
+D_PLACE: Final = D_PARTITION  # u64: D_PARTITION and D_RUN written as one word
+assert D_RUN == D_PARTITION + 4 and D_PLACE % 8 == 0
+
+
+def place_word(partition: int, run: int) -> int:
+    """D_PARTITION and D_RUN as the one little-endian word at D_PLACE."""
+    return (partition & 0xFFFFFFFF) | ((run & 0xFFFFFFFF) << 32)
+
+
 SPARE_WORD: Final = descriptor_word(BUF_SPARE, -1)
 FREE_WORD: Final = descriptor_word(BUF_FREE, -1)
 

@@ -75,7 +75,10 @@ class SharedState:
         speedups.write_word(self.view, self._stats_base + field, v if v > 0 else 0)
 
     def set(self, field: int, value: int) -> None:
-        """Sets a STATS gauge (buffers_free, requests_in_flight, ...)."""
+        """Sets a STATS gauge (buffers_free, requests_in_flight, ...); an unchanged one is
+        not written again."""
+        if self._stats[field] == value:
+            return
         self._stats[field] = value
         speedups.write_word(self.view, self._stats_base + field, value if value > 0 else 0)
 
@@ -157,20 +160,26 @@ class SharedState:
 
     def describe_run(self, first: int, run: int, state: int, owner: int) -> None:
         """Writes D_STATE/D_OWNER/D_RUN of a run: ``state`` on its first buffer, CONT (or
-        FREE when freeing) on the others. Runs in: sender, for buffers it owns or is
-        handing over (the grant message that follows is the barrier)."""
+        FREE when freeing) on the others; D_PARTITION -1 when freeing or granting. Runs
+        in: sender, for buffers it owns or is handing over (the grant message that
+        follows is the barrier)."""
         view = self.view
         geo = self.geo
+        write = speedups.write_word
         freeing = state == L.BUF_FREE
-        head = L.descriptor_word(state, owner)
+        word = L.descriptor_word(state, owner)
         rest = L.descriptor_word(L.BUF_FREE if freeing else L.BUF_CONT, owner)
-        d_run = 1 if freeing else run
-        for i in range(run):
-            off = geo.descriptor(first + i)
-            L.U32.pack_into(view, off + L.D_RUN, d_run)
-            if freeing or state == L.BUF_GRANTED:
-                L.I32.pack_into(view, off + L.D_PARTITION, -1)
-            speedups.write_word(view, off + L.D_WORD, head if i == 0 else rest)
+        clear = freeing or state == L.BUF_GRANTED
+        place = L.place_word(-1, 1 if freeing else run)
+        start = geo.descriptor(first)
+        stop = geo.descriptor(first + run - 1) + L.DESCRIPTOR_SIZE  # checks the run's end
+        for off in range(start, stop, L.DESCRIPTOR_SIZE):
+            if clear:
+                write(view, off + L.D_PLACE, place)
+            else:
+                L.U32.pack_into(view, off + L.D_RUN, run)
+            write(view, off + L.D_WORD, word)
+            word = rest
 
     def describe_batch(
         self, buffer: int, state: int, partition: int, batch_id: int, length: int, count: int
@@ -207,8 +216,7 @@ class SharedState:
         worker whose swap sees SPARE sees the rest too. Runs in: sender, for a free
         buffer it owns."""
         off = self.geo.descriptor(buffer)
-        L.U32.pack_into(self.view, off + L.D_RUN, 1)
-        L.I32.pack_into(self.view, off + L.D_PARTITION, -1)
+        speedups.write_word(self.view, off + L.D_PLACE, L.place_word(-1, 1))
         speedups.write_word(self.view, off + L.D_WORD, L.SPARE_WORD)
 
     def take_back_spare(self, buffer: int) -> int:

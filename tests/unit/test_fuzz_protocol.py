@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -30,9 +30,15 @@ from shmprod.protocol.messages import (
     REQUEST_TYPES,
     RESPONSE_TYPES,
     Message,
+    PartitionProduceData,
+    PartitionProduceResponse,
+    ProduceRequest,
+    ProduceResponse,
     Request,
     Response,
     Struct,
+    TopicProduceData,
+    TopicProduceResponse,
     decode_body,
     decode_request,
     decode_response,
@@ -41,14 +47,6 @@ from shmprod.protocol.messages import (
     encode_request_segments,
     encode_response,
     produce_fast,
-)
-from shmprod.protocol.messages.produce import (
-    PartitionProduceData,
-    PartitionProduceResponse,
-    ProduceRequest,
-    ProduceResponse,
-    TopicProduceData,
-    TopicProduceResponse,
 )
 from shmprod.protocol.messages.schema import (
     ArrayKind,
@@ -425,16 +423,21 @@ def plain_produce_response(version: int, rng: random.Random) -> ProduceResponse:
     return ProduceResponse(responses=topics, throttle_time_ms=rng.randint(-1, 2**31 - 1))
 
 
-@pytest.mark.parametrize("version", _versions(ProduceRequest))
-def test_produce_short_path_writes_the_generic_bytes(version: int) -> None:
-    rng = rng_for("produce short path, request", version)
-    short = 0
+def produce_samples(
+    cls: type[M], plain_of: Callable[[int, random.Random], M], version: int
+) -> Iterator[tuple[bool, M, random.Random]]:
+    """150 messages of ``cls`` at ``version``, with whether each is of the plain shape
+    (two in three) or random from the declarations, and the generator that made it."""
+    rng = rng_for("produce short path", cls.__name__, version)
     for i in range(150):
         plain = i % 3 != 2
-        if plain:
-            msg = plain_produce_request(version, rng)
-        else:
-            msg = random_message(ProduceRequest, version, rng)
+        yield plain, plain_of(version, rng) if plain else random_message(cls, version, rng), rng
+
+
+@pytest.mark.parametrize("version", _versions(ProduceRequest))
+def test_produce_short_path_writes_the_generic_bytes(version: int) -> None:
+    short = 0
+    for plain, msg, rng in produce_samples(ProduceRequest, plain_produce_request, version):
         corr = rng.randint(0, 2**31 - 1)
         client_id = rng.choice([None, "", "shmprod-é"])
         expected = encode_request(msg, version, corr, client_id)
@@ -464,15 +467,8 @@ def test_produce_short_path_writes_the_generic_bytes(version: int) -> None:
 
 @pytest.mark.parametrize("version", _versions(ProduceResponse))
 def test_produce_short_path_reads_the_generic_objects(version: int) -> None:
-    rng = rng_for("produce short path, response", version)
     short = 0
-    for i in range(150):
-        plain = i % 3 != 2
-        msg = (
-            plain_produce_response(version, rng)
-            if plain
-            else random_message(ProduceResponse, version, rng)
-        )
+    for plain, msg, _ in produce_samples(ProduceResponse, plain_produce_response, version):
         payload = encode_response(msg, version, 5)[4:]
         _, offset = decode_response_header(payload, ApiKey.PRODUCE, version)
         got = produce_fast.decode_response_body(payload, offset, version)

@@ -307,8 +307,7 @@ def encode(msg: Message) -> bytes:
             )
         body += msg.message.encode("utf-8", "replace")
         return _frame(cls.TYPE, body)
-    fixed = [getattr(msg, f) for f in cls.__slots__][: _n_fixed(cls)]
-    body = bytearray(cls.FMT.pack(*fixed))
+    body = bytearray(cls.FMT.pack(*[getattr(msg, f) for f in _FIXED_FIELDS[cls]]))
     if cls in _STR_FIELD:
         body += getattr(msg, _STR_FIELD[cls]).encode("utf-8", "replace")
     elif cls in _LIST_FIELD:
@@ -325,6 +324,12 @@ def _frame(mtype: int, body: bytearray) -> bytes:
 
 def _n_fixed(cls: type[Message]) -> int:
     return len(cls.FMT.unpack(bytes(cls.FMT.size)))
+
+
+# the fields each message type packs with its FMT, in order (its first ones)
+_FIXED_FIELDS: Final[dict[type[Message], tuple[str, ...]]] = {
+    cls: tuple(cls.__slots__[: _n_fixed(cls)]) for cls in _TYPES.values()
+}
 
 
 def decode(mtype: int, body: bytes | memoryview) -> Message:

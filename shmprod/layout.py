@@ -218,9 +218,15 @@ D_WORD: Final = D_STATE  # u64: D_STATE and D_OWNER read and changed as one atom
 assert D_OWNER == D_STATE + 4 and D_WORD % 8 == 0 and DESCRIPTOR_SIZE % 8 == 0
 
 
+def pair_word(low: int, high: int) -> int:
+    """Two adjacent 32-bit fields (signed or not) as the one little-endian 8-byte word
+    that holds them, ``low`` at the lower address."""
+    return (low & 0xFFFFFFFF) | ((high & 0xFFFFFFFF) << 32)
+
+
 def descriptor_word(state: int, owner: int) -> int:
     """D_STATE and D_OWNER as the one little-endian word at D_WORD (owner -1: nobody)."""
-    return (state & 0xFFFFFFFF) | ((owner & 0xFFFFFFFF) << 32)
+    return pair_word(state, owner)
 
 
 def word_owner(word: int) -> int:
@@ -235,7 +241,7 @@ assert D_RUN == D_PARTITION + 4 and D_PLACE % 8 == 0
 
 def place_word(partition: int, run: int) -> int:
     """D_PARTITION and D_RUN as the one little-endian word at D_PLACE."""
-    return (partition & 0xFFFFFFFF) | ((run & 0xFFFFFFFF) << 32)
+    return pair_word(partition, run)
 
 
 SPARE_WORD: Final = descriptor_word(BUF_SPARE, -1)

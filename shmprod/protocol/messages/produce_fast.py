@@ -85,7 +85,7 @@ def _encode(
         return None
     chunks: list[bytearray | Segment] = []
     size = 0
-    _count(out, len(topics), flexible)
+    p.append_array_len(out, len(topics), compact=flexible)
     null_records = _NULL_RECORDS[flexible]
     for topic in topics:
         if type(topic) is not m.TopicProduceData or topic.unknown_tags:
@@ -100,7 +100,7 @@ def _encode(
         parts = topic.partition_data
         if type(parts) is not list:
             return None
-        _count(out, len(parts), flexible)
+        p.append_array_len(out, len(parts), compact=flexible)
         for part in parts:
             if type(part) is not m.PartitionProduceData or part.unknown_tags:
                 return None
@@ -132,14 +132,6 @@ def _encode(
     size += len(out)
     _I32.pack_into(first, 0, size - 4)
     return [bytes(c) if isinstance(c, bytearray) else c for c in chunks if len(c)]
-
-
-def _count(out: bytearray, n: int, flexible: bool) -> None:
-    """An array's element count: uvarint n + 1 when flexible, else int32."""
-    if flexible:
-        p.append_uvarint(out, n + 1)
-    else:
-        out += _I32.pack(n)
 
 
 def decode_response_body(

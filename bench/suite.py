@@ -189,7 +189,7 @@ def measure(
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
         if kind == CEILING:
-            return _ceiling(broker.bootstrap, cell, cell["records"], args.headers)
+            return _ceiling(broker.bootstrap, cell, cell["records"], args.headers, broker.pid)
         producer = None
         sender_pid = None
         spec: dict[str, Any] = {
@@ -234,10 +234,12 @@ def measure(
                 # their start (attach, the warm-up record) is set-up, like a peer's
                 # producer built before the barrier
                 s0 = _cpu(sender_pid)
+                b0, bt0 = _cpu(broker.pid), time.perf_counter()
                 if producer is not None:  # every worker has mapped the pool: shares settled
                     watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 reports = [out.get(timeout=900) for _ in workers]
                 s1 = _cpu(sender_pid)
+                b1, bt1 = _cpu(broker.pid), time.perf_counter()
             for p in workers:
                 p.join(60)
         finally:
@@ -267,10 +269,22 @@ def measure(
         "cpu_s_per_gb": cpu / (nbytes / 1e9),
         # shmprod's sender alone (0 for the peers): the rest is the workers'
         "sender_cpu_s_per_gb": (s1 - s0) / (nbytes / 1e9),
+        **_broker_cpu(b1 - b0, bt1 - bt0, nbytes),
         "peak_mb": watch.peak / 2**20,
         "producer_mb": max(0.0, watch.peak - base) / 2**20,
         "connections": len(watch.ports),
         "sent": sent,
+    }
+
+
+def _broker_cpu(cpu: float, wall: float, nbytes: int) -> dict[str, float]:
+    """The broker's CPU in a run: per GB of keys and values, and in cores (its CPU
+    seconds per second of the run). Its work for one connection runs mostly on one core,
+    so a broker near 1.0 core is the run's bottleneck, and any client CPU on the same
+    cores is taken from it."""
+    return {
+        "broker_cpu_s_per_gb": cpu / (nbytes / 1e9),
+        "broker_cores": cpu / wall if wall > 0 else 0.0,
     }
 
 
@@ -294,7 +308,11 @@ PRODUCE_VERSION = 9
 
 
 def _ceiling(
-    bootstrap: str, cell: dict[str, Any], records: int, headers: int = 0
+    bootstrap: str,
+    cell: dict[str, Any],
+    records: int,
+    headers: int = 0,
+    broker_pid: int | None = None,
 ) -> dict[str, Any]:
     from shmprod.protocol.compression import LZ4, NONE
     from shmprod.protocol.messages.codec import decode_response, encode_produce_request
@@ -359,6 +377,7 @@ def _ceiling(
     with Watch(int(port)) as watch:
         watch.pids.add(os.getpid())
         c0 = time.process_time()
+        b0 = _cpu(broker_pid)
         t0 = time.perf_counter()
         inflight = 0
         for i in range(n_requests):
@@ -373,6 +392,7 @@ def _ceiling(
             inflight -= 1
         t1 = time.perf_counter()
         c1 = time.process_time()
+        b1 = _cpu(broker_pid)
     sock.close()
     sent = n_requests * per_batch * PARTITIONS
     landed = count_back(bootstrap, sent + warm) - warm
@@ -384,6 +404,7 @@ def _ceiling(
         "mb_per_s": nbytes / (t1 - t0) / 1e6,
         "cpu_s_per_gb": (c1 - c0) / (nbytes / 1e9),
         "sender_cpu_s_per_gb": 0.0,
+        **_broker_cpu(b1 - b0, t1 - t0, nbytes),
         "peak_mb": 0.0,
         "producer_mb": 0.0,
         "connections": 1,
@@ -477,6 +498,8 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "peak_mb",
             "producer_mb",
             "connections",
+            "broker_cpu_s_per_gb",
+            "broker_cores",
         )
     }
     row["low"] = min(rates)
@@ -487,7 +510,14 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["cpu_low"] = min(cpus)
     row["cpu_high"] = max(cpus)
     row["runs"] = len(runs)
-    keep = ("records_per_s", "cpu_s_per_gb", "sender_cpu_s_per_gb", "peak_mb")
+    keep = (
+        "records_per_s",
+        "cpu_s_per_gb",
+        "sender_cpu_s_per_gb",
+        "broker_cpu_s_per_gb",
+        "broker_cores",
+        "peak_mb",
+    )
     row["per_run"] = [{k: r[k] for k in keep} for r in runs]
     return row
 
@@ -600,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = measure(ctx, CEILING, cell, 1, args)
                 runs.setdefault((CEILING, 0), []).append(r)
                 print(
-                    f"[{_cell_name(cell)}] run {rep + 1} {CEILING:<31} {r['records_per_s']:>12,.0f} rec/s",
+                    f"[{_cell_name(cell)}] run {rep + 1} {CEILING:<31} {r['records_per_s']:>12,.0f} rec/s  "
+                    f"broker {r['broker_cores']:.2f} cores",
                     flush=True,
                 )
             for procs in procs_list:
@@ -614,7 +645,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"[{_cell_name(cell)}] run {rep + 1} {procs} proc {kind:<31} "
                         f"{r['records_per_s']:>12,.0f} rec/s  {r['cpu_s_per_gb']:6.1f} cpu-s/GB  "
-                        f"{r['peak_mb']:6.0f} MB  {r['connections']} conn  ({r['wall_s']:.1f} s)",
+                        f"{r['peak_mb']:6.0f} MB  {r['connections']} conn  "
+                        f"broker {r['broker_cores']:.2f} cores  ({r['wall_s']:.1f} s)",
                         flush=True,
                     )
         ceiling = runs.get((CEILING, 0))
@@ -755,7 +787,11 @@ def _markdown(
             "sender (the data the workers hold included) + the pool's share in the process that "
             "made the producer (the whole pool counts), producer MB = above the workers' "
             "footprint once their producer was built, less their share of the pool (so the "
-            "pool, like the sender, counts whole); conn = TCP connections to the broker.\n\n"
+            "pool, like the sender, counts whole); conn = TCP connections to the broker; "
+            "broker = the broker's CPU s/GB from the barrier to the last worker's end, and in "
+            "cores (its CPU s per s of the run; the broker's work for one connection runs "
+            "mostly on one core, so near 1.0 it is what limits the run, and client CPU on the "
+            "same two cores is taken from it).\n\n"
         )
         for cell in cells:
             fh.write(f"## {cell}\n\n")
@@ -764,11 +800,12 @@ def _markdown(
                 c = ceil[0]
                 fh.write(
                     f"Ceiling: {c['records_per_s']:,.0f} records/s ({c['mb_per_s']:.0f} MB/s; "
-                    f"{c['low']:,.0f} - {c['high']:,.0f}).\n\n"
+                    f"{c['low']:,.0f} - {c['high']:,.0f}); the broker "
+                    f"{c['broker_cpu_s_per_gb']:.1f} CPU s/GB, {c['broker_cores']:.2f} cores.\n\n"
                 )
             fh.write(
-                "| procs | producer | records/s | low - high | MB/s | vs confluent | of ceiling | CPU s/GB | peak MB | producer MB | conn |\n"
-                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+                "| procs | producer | records/s | low - high | MB/s | vs confluent | of ceiling | CPU s/GB | broker s/GB (cores) | peak MB | producer MB | conn |\n"
+                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
             )
             for procs in procs_list:
                 for r in rows:
@@ -777,7 +814,8 @@ def _markdown(
                     fh.write(
                         f"| {procs} | {r['kind']} | {r['records_per_s']:,.0f} | {r['low']:,.0f} - {r['high']:,.0f} | "
                         f"{r['mb_per_s']:.1f} | {_fmt(r['vs_confluent'])} | {_fmt(r['of_ceiling'])} | "
-                        f"{_cpu_cell(r)} | {r['peak_mb']:.0f} | {r['producer_mb']:.0f} | {r['connections']:.0f} |\n"
+                        f"{_cpu_cell(r)} | {r['broker_cpu_s_per_gb']:.1f} ({r['broker_cores']:.2f}) | "
+                        f"{r['peak_mb']:.0f} | {r['producer_mb']:.0f} | {r['connections']:.0f} |\n"
                     )
             fh.write("\n")
         fh.write(

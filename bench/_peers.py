@@ -25,6 +25,10 @@ import pyarrow as pa
 CHUNK = 10_000  # records per send_batch / produce_batch call
 CHECK_EVERY = 2048  # per-record loops look at the clock this often
 KEY_SIZE = 16
+# row groups the exporter kind reads before its clock: about what one process holds at
+# once (up to a stage's worth of 100 B rows in held send_batch calls), so its allocator
+# has the pages a run reuses
+WARM_ROW_GROUPS = 6
 
 
 # ---------------------------------------------------------------------------------
@@ -170,11 +174,17 @@ def _shmprod_exporter(
     as ``shmprod.export`` reads them: with pyarrow's thread pool in one process, on one
     thread each when several processes export.
 
-    The reader is warmed up like the producers are: one row group is read before the
-    clock starts. The first read in a fresh process costs 30-50 ms of CPU (pyarrow's
-    first allocations and threads), against 1-16 ms for the next ones; with eight
-    processes, each reads only 2 (1 KB) to 7 (100 B) row groups, so without it the row
-    measured pyarrow's start-up more than the export.
+    The reader is warmed up like the producers are, before the clock starts: the first
+    ``WARM_ROW_GROUPS`` row groups are read and held together, then dropped. The first
+    read in a fresh process costs 30-50 ms of CPU (pyarrow's first allocations and
+    threads), against 1-16 ms for the next ones. And the first few row groups a
+    process holds at once are read into memory its allocator has never had: every
+    page is a page fault, the kernel zeroing each one (perf of eight exporter
+    processes at 1 KB: 64% of their CPU in the clock was ``clear_page``). A long export
+    pays that once per process; with eight processes each reads only 4 (1 KB) to 25
+    (100 B) row groups in a run, so with one row group of warm-up the row measured those
+    faults more than the export (reading alone, eight processes, 1 KB: 0.87-1.69 CPU
+    s/GB with one row group of warm-up, 0.35-0.43 with four).
     """
     import pyarrow.parquet as pq
 
@@ -188,7 +198,11 @@ def _shmprod_exporter(
     w.send(topic, b"warm-up").result(60)
     f = pq.ParquetFile(path)
     threads = spec["procs"] == 1
-    f.read_row_group(0, use_threads=threads)  # the reader's warm-up (see above)
+    warm = [  # the reader's warm-up (see above)
+        f.read_row_group(g, use_threads=threads)
+        for g in range(min(WARM_ROW_GROUPS, f.num_row_groups))
+    ]
+    del warm
 
     def run(deadline: float) -> int:
         n = 0

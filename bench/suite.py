@@ -869,7 +869,7 @@ def _summary(
         "",
         "Fraction of the ceiling (pre-encoded requests over one socket), `send_batch` / "
         "exporter / confluent-kafka `produce`:\n",
-        f"| cell | ceiling rec/s | {head} |",
+        f"| cell | ceiling rec/s (broker cores) | {head} |",
         f"|---|---:|{bar}|",
     ]
     for cell in cells:
@@ -882,23 +882,28 @@ def _summary(
             for p in procs_list
         )
         out.append(
-            f"| {cell} | {c['records_per_s']:,.0f} | {vals} |" if c else f"| {cell} | - | {vals} |"
+            f"| {cell} | {c['records_per_s']:,.0f} ({c.get('broker_cores', 0):.2f}) | {vals} |"
+            if c
+            else f"| {cell} | - | {vals} |"
         )
     out += [
         "",
         "CPU s per GB and peak memory (MB, PSS of workers + sender + the whole pool; producer "
         "MB: above the workers' footprint once their producer was built, the pool and the "
-        f"sender counted whole) with {top} processes, "
-        "`shmprod send` / `shmprod send_batch` / `confluent-kafka produce`:\n",
-        "| cell | CPU s/GB | peak MB | producer MB |",
-        "|---|---:|---:|---:|",
+        f"sender counted whole; broker cores: the broker's CPU s per s of the run) with {top} "
+        "processes, `shmprod send` / `shmprod send_batch` / `confluent-kafka produce`:\n",
+        "| cell | CPU s/GB | broker cores | peak MB | producer MB |",
+        "|---|---:|---:|---:|---:|",
     ]
     for cell in cells:
         rs = [by.get((cell, k, top)) for k in ("shmprod send", "shmprod send_batch", BASELINE)]
         cpu = " / ".join("-" if r is None else f"{r['cpu_s_per_gb']:.1f}" for r in rs)
         mem = " / ".join("-" if r is None else f"{r['peak_mb']:.0f}" for r in rs)
         own = " / ".join("-" if r is None else f"{r['producer_mb']:.0f}" for r in rs)
-        out.append(f"| {cell} | {cpu} | {mem} | {own} |")
+        cores = " / ".join(
+            "-" if r is None or "broker_cores" not in r else f"{r['broker_cores']:.2f}" for r in rs
+        )
+        out.append(f"| {cell} | {cpu} | {cores} | {mem} | {own} |")
     if latency:
         out += [
             "",

@@ -49,6 +49,7 @@ import multiprocessing as mp
 import os
 import platform
 import shlex
+import signal
 import socket
 import sys
 import tempfile
@@ -230,6 +231,7 @@ def measure(
                     watch.pids.add(sender_pid)
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
+                stall = _stall(broker.pid, args.stall_broker) if args.stall_broker else None
                 # from the barrier, as the workers count theirs: what the sender spent on
                 # their start (attach, the warm-up record) is set-up, like a peer's
                 # producer built before the barrier
@@ -240,6 +242,8 @@ def measure(
                 reports = [out.get(timeout=900) for _ in workers]
                 s1 = _cpu(sender_pid)
                 b1, bt1 = _cpu(broker.pid), time.perf_counter()
+                if stall is not None:
+                    stall.join()
             for p in workers:
                 p.join(60)
         finally:
@@ -275,6 +279,28 @@ def measure(
         "connections": len(watch.ports),
         "sent": sent,
     }
+
+
+STALL_AFTER_S = 0.2  # --stall-broker: how long after the barrier the broker stops
+
+
+def _stall(pid: int | None, seconds: float) -> threading.Thread:
+    """Stops the broker (SIGSTOP) ``STALL_AFTER_S`` after the barrier for ``seconds``,
+    as a broker that stalls under load: every client buffers what it is sent meanwhile,
+    up to its own limits, and the peak memory shows those limits."""
+
+    def run() -> None:
+        time.sleep(STALL_AFTER_S)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 def _broker_cpu(cpu: float, wall: float, nbytes: int) -> dict[str, float]:
@@ -573,6 +599,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--latency-rate", type=_number(int, 1), default=2000)
     parser.add_argument(
+        "--stall-broker",
+        type=_number(float, 0.0),
+        default=0.0,
+        help="stop the broker this many seconds, 0.2 s into every run (memory under back-pressure)",
+    )
+    parser.add_argument(
         "--mb", type=_number(int, 1), default=250, help="MB of keys and values per run, 1 KB"
     )
     parser.add_argument(
@@ -716,6 +748,7 @@ def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
         "repeat": args.repeat,
         "max_seconds": args.max_seconds,
         "headers": args.headers,
+        "stall_broker_s": args.stall_broker,
         "partitions": PARTITIONS,
         "linger_ms": LINGER_MS,
         "python": sys.version.split()[0],
@@ -778,6 +811,13 @@ def _markdown(
                 f" Every record carries {meta['headers']} header(s) of an 8-byte value that "
                 "differs per record (not counted in MB/s or CPU per GB)."
                 if meta.get("headers")
+                else ""
+            )
+            + (
+                f" The broker is stopped (SIGSTOP) for {meta['stall_broker_s']:g} s, "
+                f"{STALL_AFTER_S:g} s after the barrier of every run: every client buffers what "
+                "it is sent meanwhile, up to its own limits (records/s count the stall)."
+                if meta.get("stall_broker_s")
                 else ""
             )
             + "\n\n"

@@ -231,7 +231,10 @@ def measure(
                     watch.pids.add(sender_pid)
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
-                stall = _stall(broker.pid, args.stall_broker) if args.stall_broker else None
+                stall = None
+                if args.stall_broker:
+                    assert broker.pid is not None  # started
+                    stall = _stall(broker.pid, args.stall_broker)
                 # from the barrier, as the workers count theirs: what the sender spent on
                 # their start (attach, the warm-up record) is set-up, like a peer's
                 # producer built before the barrier
@@ -284,14 +287,13 @@ def measure(
 STALL_AFTER_S = 0.2  # --stall-broker: how long after the barrier the broker stops
 
 
-def _stall(pid: int | None, seconds: float) -> threading.Thread:
+def _stall(pid: int, seconds: float) -> threading.Thread:
     """Stops the broker (SIGSTOP) ``STALL_AFTER_S`` after the barrier for ``seconds``,
     as a broker that stalls under load: every client buffers what it is sent meanwhile,
     up to its own limits, and the peak memory shows those limits."""
 
     def run() -> None:
         time.sleep(STALL_AFTER_S)
-        assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         try:
             time.sleep(seconds)
@@ -310,7 +312,7 @@ def _broker_cpu(cpu: float, wall: float, nbytes: int) -> dict[str, float]:
     cores is taken from it."""
     return {
         "broker_cpu_s_per_gb": cpu / (nbytes / 1e9),
-        "broker_cores": cpu / wall if wall > 0 else 0.0,
+        "broker_cores": cpu / wall,
     }
 
 
@@ -602,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         "--stall-broker",
         type=_number(float, 0.0),
         default=0.0,
-        help="stop the broker this many seconds, 0.2 s into every run (memory under back-pressure)",
+        help=f"stop the broker this many seconds, {STALL_AFTER_S:g} s into every run "
+        "(memory under back-pressure)",
     )
     parser.add_argument(
         "--mb", type=_number(int, 1), default=250, help="MB of keys and values per run, 1 KB"
@@ -922,7 +925,7 @@ def _summary(
             for p in procs_list
         )
         out.append(
-            f"| {cell} | {c['records_per_s']:,.0f} ({c.get('broker_cores', 0):.2f}) | {vals} |"
+            f"| {cell} | {c['records_per_s']:,.0f} ({c['broker_cores']:.2f}) | {vals} |"
             if c
             else f"| {cell} | - | {vals} |"
         )
@@ -940,9 +943,7 @@ def _summary(
         cpu = " / ".join("-" if r is None else f"{r['cpu_s_per_gb']:.1f}" for r in rs)
         mem = " / ".join("-" if r is None else f"{r['peak_mb']:.0f}" for r in rs)
         own = " / ".join("-" if r is None else f"{r['producer_mb']:.0f}" for r in rs)
-        cores = " / ".join(
-            "-" if r is None or "broker_cores" not in r else f"{r['broker_cores']:.2f}" for r in rs
-        )
+        cores = " / ".join("-" if r is None else f"{r['broker_cores']:.2f}" for r in rs)
         out.append(f"| {cell} | {cpu} | {cores} | {mem} | {own} |")
     if latency:
         out += [

@@ -22,9 +22,10 @@ sends its share of the cell's records to a 12-partition topic on a FRESH embedde
 
 Per run: records/s and MB/s (from the first worker's start to the last acknowledgement),
 CPU seconds per GB of keys and values (workers and sender, every thread, from the
-barrier on), peak memory (PSS, so the shared pool counts once) of workers and sender,
-plus the pool's share held by the process that made the producer (so the pool counts
-whole), and connections opened to the broker. Every run reads the topic back with
+barrier on), peak memory of workers and sender from the barrier on (their PSS at the
+barrier, so the shared pool counts once, plus the pool's share held by the process that
+made the producer, so it counts whole; then the change in each one's RSS: see
+``Watch``), and connections opened to the broker. Every run reads the topic back with
 confluent-kafka's consumer and fails unless it holds exactly the records sent. Each
 worker stops at its share or after ``--max-seconds`` (the slow clients would otherwise
 take minutes); the rate counts what was sent. Then send-to-acknowledgement latency,
@@ -83,8 +84,20 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 class Watch:
-    """Samples, every ``interval`` s, the summed PSS of some processes (peak kept) and
-    the local ports connected to the broker's port (connections opened)."""
+    """Follows the memory of some processes from a baseline on (peak kept) and samples,
+    every ``interval`` s, the local ports connected to the broker's port (connections
+    opened).
+
+    The baseline is exact: each process's PSS (shared pages, the pool among them, split
+    over the processes that map them), plus the pool's share held by a process not
+    otherwise counted (``segment_holders``: the one that made the producer), so the pool
+    counts whole. From then on only the change in each process's RSS is added, read from
+    ``/proc/PID/statm``: a page a process adds counts whole, so this bounds PSS from above
+    (the pool's pages are all mapped from the start, so it does not grow). Reading PSS
+    walks every page a process maps: about 45 ms of CPU for nine processes holding their
+    data, so sampled every 0.1 s it took a third of a core from the run it measured
+    (``bench/results/suite-watcher.md``: eight processes' ``send`` at 100 B lz4 keyed
+    made 1.41-1.98 M records/s with it, 2.10-2.37 M with this; the peaks agree)."""
 
     def __init__(self, port: int, interval: float = 0.1) -> None:
         self.port = port
@@ -95,6 +108,8 @@ class Watch:
         self.segment_holders: list[tuple[int, str]] = []
         self.peak = 0
         self.ports: set[int] = set()
+        self._base_rss: dict[int, int] | None = None
+        self._base = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -105,25 +120,61 @@ class Watch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+        self._sample()  # the end of the run
+
+    def baseline(self) -> None:
+        """Takes the exact baseline: call it before the clock, once every process to
+        follow is in ``pids`` and set up (the walk costs tens of ms)."""
+        pids = sorted(self.pids)
+        rss = {pid: _rss_bytes(pid) for pid in pids}
+        base = sum(_peers.pss_bytes(pid) for pid in pids)
+        base += sum(_peers.mapping_pss_bytes(pid, seg) for pid, seg in self.segment_holders)
+        self._base = base
+        self.peak = max(self.peak, base)
+        self._base_rss = rss
+
+    def _sample(self) -> None:
+        rss0 = self._base_rss
+        if rss0 is not None:
+            total = self._base + sum(_rss_bytes(pid) - rss0[pid] for pid in rss0)
+            self.peak = max(self.peak, total)
+        self.ports.update(_ports_connected_to(self.port))
 
     def _run(self) -> None:
-        held: int | None = None  # the pool's share in segment_holders, read once a second
-        held_at = 0.0
         while not self._stop.wait(self.interval):
-            total = sum(_peers.pss_bytes(pid) for pid in list(self.pids))
-            if self.segment_holders and (held is None or time.monotonic() >= held_at + 1.0):
-                # reading a process's mappings costs about 14 ms of CPU: once a second
-                held_at = time.monotonic()
-                held = sum(_peers.mapping_pss_bytes(pid, seg) for pid, seg in self.segment_holders)
-            total += held or 0
-            self.peak = max(self.peak, total)
-            try:
-                conns = psutil.net_connections(kind="tcp4")
-            except psutil.Error:
-                continue
-            for c in conns:
-                if c.raddr and c.raddr.port == self.port and c.status == "ESTABLISHED":
-                    self.ports.add(c.laddr.port)
+            self._sample()
+
+
+def _rss_bytes(pid: int) -> int:
+    """A process's resident set from ``/proc/PID/statm`` (counters: no page walk); 0 once
+    it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_ESTABLISHED = "01"
+
+
+def _ports_connected_to(port: int) -> set[int]:
+    """Local ports of this host's established IPv4 TCP connections to ``port``, from
+    ``/proc/net/tcp``: the kernel's table, without psutil's walk over every process's
+    descriptors (about 6 ms a call)."""
+    ports = set()
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f)  # the header
+            for line in f:
+                fields = line.split()
+                local, remote, state = fields[1], fields[2], fields[3]
+                if state == _ESTABLISHED and int(remote.split(":")[1], 16) == port:
+                    ports.add(int(local.split(":")[1], 16))
+    except OSError:
+        pass
+    return ports
 
 
 # ---------------------------------------------------------------------------------
@@ -229,6 +280,10 @@ def measure(
                 watch.pids.update(p.pid for p in workers if p.pid)
                 if sender_pid:
                     watch.pids.add(sender_pid)
+                _ready(barrier, procs, 300)
+                if producer is not None:  # every worker has mapped the pool: shares settled
+                    watch.segment_holders.append((os.getpid(), producer.handle.segment))
+                watch.baseline()  # before the clock: the workers wait at the barrier
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
                 stall = None
@@ -240,8 +295,6 @@ def measure(
                 # producer built before the barrier
                 s0 = _cpu(sender_pid)
                 b0, bt0 = _cpu(broker.pid), time.perf_counter()
-                if producer is not None:  # every worker has mapped the pool: shares settled
-                    watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 reports = [out.get(timeout=900) for _ in workers]
                 s1 = _cpu(sender_pid)
                 b1, bt1 = _cpu(broker.pid), time.perf_counter()
@@ -282,6 +335,14 @@ def measure(
         "connections": len(watch.ports),
         "sent": sent,
     }
+
+
+def _ready(barrier: Any, parties: int, timeout: float) -> None:
+    """Waits until ``parties`` processes wait at ``barrier`` (set up, the clock not yet
+    started), it is broken (a worker failed), or ``timeout`` s passed."""
+    deadline = time.monotonic() + timeout
+    while barrier.n_waiting < parties and not barrier.broken and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 STALL_AFTER_S = 0.2  # --stall-broker: how long after the barrier the broker stops
@@ -404,6 +465,7 @@ def _ceiling(
     warm = per_batch * PARTITIONS
     with Watch(int(port)) as watch:
         watch.pids.add(os.getpid())
+        watch.baseline()
         c0 = time.process_time()
         b0 = _cpu(broker_pid)
         t0 = time.perf_counter()
@@ -826,9 +888,10 @@ def _markdown(
             + "\n\n"
             "Columns: records/s; vs confluent = ratio to `confluent-kafka produce` with the same "
             "processes; of ceiling = fraction of pre-encoded requests replayed over one socket; "
-            "CPU s/GB of keys+values (workers + sender, all threads); peak MB = PSS of workers + "
-            "sender (the data the workers hold included) + the pool's share in the process that "
-            "made the producer (the whole pool counts), producer MB = above the workers' "
+            "CPU s/GB of keys+values (workers + sender, all threads); peak MB = from the barrier "
+            "on, PSS of workers + sender (the data the workers hold included) + the pool's "
+            "share in the process that made the producer (the whole pool counts) at the "
+            "barrier, plus the change in their RSS since; producer MB = above the workers' "
             "footprint once their producer was built, less their share of the pool (so the "
             "pool, like the sender, counts whole); conn = TCP connections to the broker; "
             "broker = the broker's CPU s/GB from the barrier to the last worker's end, and in "

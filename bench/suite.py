@@ -994,8 +994,8 @@ def _summary(
         )
     out += [
         "",
-        "CPU s per GB and peak memory (MB, PSS of workers + sender + the whole pool; producer "
-        "MB: above the workers' footprint once their producer was built, the pool and the "
+        "CPU s per GB and peak memory (MB, from the barrier on: PSS of workers + sender + the "
+        "whole pool, then the change in their RSS; producer MB: above the workers' footprint once their producer was built, the pool and the "
         f"sender counted whole; broker cores: the broker's CPU s per s of the run) with {top} "
         "processes, `shmprod send` / `shmprod send_batch` / `confluent-kafka produce`:\n",
         "| cell | CPU s/GB | broker cores | peak MB | producer MB |",

@@ -146,16 +146,14 @@ class Watch:
 
 
 def _rss_bytes(pid: int) -> int:
-    """A process's resident set from ``/proc/PID/statm`` (counters: no page walk); 0 once
-    it is gone."""
+    """A process's resident set (psutil reads ``/proc/PID/statm``: counters, no page
+    walk); 0 once it is gone."""
     try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE_SIZE
-    except (OSError, IndexError, ValueError):
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
         return 0
 
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _ESTABLISHED = "01"
 
 
@@ -995,7 +993,8 @@ def _summary(
     out += [
         "",
         "CPU s per GB and peak memory (MB, from the barrier on: PSS of workers + sender + the "
-        "whole pool, then the change in their RSS; producer MB: above the workers' footprint once their producer was built, the pool and the "
+        "whole pool, then the change in their RSS; producer MB: above the workers' footprint "
+        "once their producer was built, the pool and the "
         f"sender counted whole; broker cores: the broker's CPU s per s of the run) with {top} "
         "processes, `shmprod send` / `shmprod send_batch` / `confluent-kafka produce`:\n",
         "| cell | CPU s/GB | broker cores | peak MB | producer MB |",

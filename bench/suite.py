@@ -242,6 +242,7 @@ def measure(
             return _ceiling(broker.bootstrap, cell, cell["records"], args.headers, broker.pid)
         producer = None
         sender_pid = None
+        batching = {"records": 0, "batches": 0, "requested": 0, "requests": 0}
         spec: dict[str, Any] = {
             "bootstrap": broker.bootstrap,
             "topic": TOPIC,
@@ -265,6 +266,7 @@ def measure(
             producer.send(TOPIC, b"warm-up").result(timeout=30)  # metadata known
             spec["handle"] = producer.handle
             sender_pid = producer.stats()["sender"]["sender_pid"]
+            sent0 = _batching(producer)
         try:
             barrier = ctx.Barrier(procs + 1)
             out = ctx.Queue()
@@ -300,6 +302,8 @@ def measure(
                     stall.join()
             for p in workers:
                 p.join(60)
+            if producer is not None:  # every record acknowledged: the sender's counts
+                batching = {k: v - sent0[k] for k, v in _batching(producer).items()}
         finally:
             if producer is not None:
                 producer.close()
@@ -332,7 +336,27 @@ def measure(
         "producer_mb": max(0.0, watch.peak - base) / 2**20,
         "connections": len(watch.ports),
         "sent": sent,
+        # shmprod's batching (0 for the peers): how many batches and produce requests
+        # the broker was sent, whose cost per batch shows in its CPU per GB
+        "records_per_batch": _ratio(batching["records"], batching["batches"]),
+        "batches_per_request": _ratio(batching["requested"], batching["requests"]),
     }
+
+
+def _batching(producer: Producer) -> dict[str, int]:
+    """The sender's counts so far: records and batches acknowledged, batches written
+    into produce requests (retries too), and those requests."""
+    s = producer.stats()["sender"]
+    return {
+        "records": s["records_sent"],
+        "batches": s["batches_sent"],
+        "requested": s["batches_requested"],
+        "requests": s["requests_sent"],
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 1) if b else 0.0
 
 
 def _ready(barrier: Any, parties: int, timeout: float) -> None:
@@ -497,6 +521,8 @@ def _ceiling(
         "producer_mb": 0.0,
         "connections": 1,
         "sent": sent,
+        "records_per_batch": float(per_batch),
+        "batches_per_request": float(PARTITIONS),
     }
 
 
@@ -605,6 +631,8 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "broker_cpu_s_per_gb",
         "broker_cores",
         "peak_mb",
+        "records_per_batch",
+        "batches_per_request",
     )
     row["per_run"] = [{k: r[k] for k in keep} for r in runs]
     return row
@@ -741,7 +769,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"[{_cell_name(cell)}] run {rep + 1} {procs} proc {kind:<31} "
                         f"{r['records_per_s']:>12,.0f} rec/s  {r['cpu_s_per_gb']:6.1f} cpu-s/GB  "
                         f"{r['peak_mb']:6.0f} MB  {r['connections']} conn  "
-                        f"broker {r['broker_cores']:.2f} cores  ({r['wall_s']:.1f} s)",
+                        f"broker {r['broker_cores']:.2f} cores  ({r['wall_s']:.1f} s)"
+                        + (
+                            f"  {r['records_per_batch']:,.0f} rec/batch, "
+                            f"{r['batches_per_request']:.1f} batches/request"
+                            if r["records_per_batch"]
+                            else ""
+                        ),
                         flush=True,
                     )
         ceiling = runs.get((CEILING, 0))

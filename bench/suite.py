@@ -265,8 +265,9 @@ def measure(
             )
             producer.send(TOPIC, b"warm-up").result(timeout=30)  # metadata known
             spec["handle"] = producer.handle
-            sender_pid = producer.stats()["sender"]["sender_pid"]
-            sent0 = _batching(producer)
+            sender = producer.stats()["sender"]
+            sender_pid = sender["sender_pid"]
+            sent0 = _batching(sender)
         try:
             barrier = ctx.Barrier(procs + 1)
             out = ctx.Queue()
@@ -303,7 +304,8 @@ def measure(
             for p in workers:
                 p.join(60)
             if producer is not None:  # every record acknowledged: the sender's counts
-                batching = {k: v - sent0[k] for k, v in _batching(producer).items()}
+                after = _batching(producer.stats()["sender"])
+                batching = {k: v - sent0[k] for k, v in after.items()}
         finally:
             if producer is not None:
                 producer.close()
@@ -343,10 +345,9 @@ def measure(
     }
 
 
-def _batching(producer: Producer) -> dict[str, int]:
-    """The sender's counts so far: records and batches acknowledged, batches written
-    into produce requests (retries too), and those requests."""
-    s = producer.stats()["sender"]
+def _batching(s: dict[str, Any]) -> dict[str, int]:
+    """From the sender's stats: records and batches acknowledged so far, batches
+    written into produce requests (retries too), and those requests."""
     return {
         "records": s["records_sent"],
         "batches": s["batches_sent"],

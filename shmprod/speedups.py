@@ -314,7 +314,8 @@ else:
     Stager = _C.Stager
 
 # The staged-rows encoder (C only; see the module docstring).
-#: plan_batches(values, keys, timestamps, order, ends, budget) -> [(lo, hi, bytes, base, max)]
+#: plan_batches(values, keys, timestamps, order, ends, budget[, headers[, sizes]]) -> [(lo,
+#: hi, bytes, base, max)]; sizes: each row's key and value length, from staged_lengths
 plan_batches: Callable[..., list[tuple[int, int, int, int, int]]] | None = (
     None if _C is None else _C.plan_batches
 )
@@ -322,7 +323,8 @@ plan_batches: Callable[..., list[tuple[int, int, int, int, int]]] | None = (
 encode_records: Callable[..., int] | None = None if _C is None else _C.encode_records
 #: SendMethod(slow): Worker.send without a Python frame in the common case (C only)
 SendMethod: Callable[[Callable[..., Any]], Any] | None = None if _C is None else _C.SendMethod
-#: staged_lengths(values, keys, out): key + value bytes of each row into an int64 buffer
+#: staged_lengths(values, keys, out[, sizes]): key + value bytes of each row into an int64
+#: buffer; each key's and value's length (-1: None) into sizes, two int32 a row
 staged_lengths: Callable[..., None] | None = None if _C is None else _C.staged_lengths
 #: murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: null
 #: key) into an int32 buffer; keys: a list of bytes | None or Arrow binary buffers

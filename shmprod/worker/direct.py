@@ -82,6 +82,7 @@ class Source(NamedTuple):
     keys: Any
     timestamps: Any
     headers: bytes | list[bytes]
+    sizes: npt.NDArray[np.int32] | None = None  # a stage's rows' lengths (Stage.sizes)
 
 
 def staged_source(stage: Stage) -> Source | None:
@@ -90,7 +91,11 @@ def staged_source(stage: Stage) -> Source | None:
         return None
     sections = stage.headers
     return Source(
-        stage.values, stage.keys, stage.timestamps, NO_HEADERS if sections is None else sections
+        stage.values,
+        stage.keys,
+        stage.timestamps,
+        NO_HEADERS if sections is None else sections,
+        stage.sizes,
     )
 
 
@@ -235,7 +240,14 @@ def plan(
     ends = [hi for *_, hi in ranges]
     try:
         cuts = cut(
-            source.values, source.keys, source.timestamps, order64, ends, budget, source.headers
+            source.values,
+            source.keys,
+            source.timestamps,
+            order64,
+            ends,
+            budget,
+            source.headers,
+            source.sizes,
         )
     except _C_ERRORS as exc:
         raise EncodeError(f"cutting records into batches: {exc}") from None

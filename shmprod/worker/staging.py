@@ -98,6 +98,7 @@ class Stage(StageCore):
         "row_batch",
         "row_index",
         "row_partition",
+        "sizes",
         "topic",
     )
 
@@ -129,6 +130,8 @@ class Stage(StageCore):
         self.row_batch: npt.NDArray[np.int32] | None = None
         self.row_index: npt.NDArray[np.int32] | None = None
         self.row_partition: npt.NDArray[np.int32] | None = None
+        # each row's key and value length (two int32, -1: None), set by row_lengths
+        self.sizes: npt.NDArray[np.int32] | None = None
         self._event: threading.Event | None = None
         self._callbacks: list[tuple[int, Callable[[RecordFuture], object], RecordFuture]] = []
 
@@ -192,10 +195,14 @@ class Stage(StageCore):
         return _column(self.keys, nulls)
 
     def row_lengths(self) -> npt.NDArray[np.int64]:
-        """Key + value bytes of every row (a null counts 0)."""
+        """Key + value bytes of every row (a null counts 0). With the extension it also
+        keeps each row's key and value length in ``sizes``, read in the same pass, for
+        cutting the rows into batches without reading the objects again."""
         out = np.empty(self.n, np.int64)
         if speedups.staged_lengths is not None:
-            speedups.staged_lengths(self.values, self.keys, out)
+            sizes = np.empty(2 * self.n, np.int32)
+            speedups.staged_lengths(self.values, self.keys, out, sizes)
+            self.sizes = sizes
         else:
             out[:] = [
                 len(v or b"") + len(k or b"") for v, k in zip(self.values, self.keys, strict=True)
@@ -215,6 +222,7 @@ class Stage(StageCore):
         only the timestamps and the outcomes)."""
         self.keys = []
         self.values = []
+        self.sizes = None
 
     # -- resolving (worker, the flushing thread) ---------------------------------------
 

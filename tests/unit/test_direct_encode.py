@@ -78,6 +78,14 @@ def _arrow(items: list[Any], large: bool, pad: int) -> pa.Array:
     return arr.slice(pad, len(items))
 
 
+def _sizes(values: list[Any], keys: list[Any]) -> np.ndarray:
+    """Each row's key and value length as staged_lengths writes them (-1: None)."""
+    assert speedups.staged_lengths is not None
+    sizes = np.full(2 * len(values), -7, np.int32)
+    speedups.staged_lengths(values, keys, np.empty(len(values), np.int64), sizes)
+    return sizes
+
+
 @st.composite
 def sources(draw: Any) -> tuple[Source, list[Any], list[Any], list[int], list[Any]]:
     """A source in one of its forms, and the rows it holds (values, keys, timestamps,
@@ -87,13 +95,16 @@ def sources(draw: Any) -> tuple[Source, list[Any], list[Any], list[int], list[An
     form = draw(
         st.sampled_from(["list", "list-rows", "arrow", "arrow-large", "chunks", "chunks-large"])
     )
+    # a stage's rows with their lengths read once at the flush (Stage.row_lengths), or not
+    sizes = _sizes(values, keys) if draw(st.booleans()) else None
     if form == "list-rows":  # a stage of send(): each row's own section
         row_headers = [draw(headers_st) or [] for _ in values]
         sections = [encode_headers(h) for h in row_headers]
-        return Source(values, keys, ts, sections), values, keys, ts, [order, ends, row_headers]
+        source = Source(values, keys, ts, sections, sizes)
+        return source, values, keys, ts, [order, ends, row_headers]
     every = [headers or []] * len(values)
     if form == "list":
-        source = Source(values, keys, ts, encode_headers(headers) if headers else b"\x00")
+        source = Source(values, keys, ts, encode_headers(headers) if headers else b"\x00", sizes)
         return source, values, keys, ts, [order, ends, every]
     pad = draw(st.integers(0, 3))
     one_ts = draw(st.booleans())
@@ -197,6 +208,60 @@ def test_staged_lengths(case: Any) -> None:
     assert out.tolist() == [
         len(v or b"") + len(k or b"") for v, k in zip(values, keys, strict=True)
     ]
+    sizes = _sizes(values, keys)
+    assert sizes.tolist() == [
+        n for k, v in zip(keys, values, strict=True) for n in (_len(k), _len(v))
+    ]
+
+
+def _len(b: bytes | None) -> int:
+    return -1 if b is None else len(b)
+
+
+def test_stage_lengths_are_kept_for_the_plan_until_the_rows_are_released() -> None:
+    stage = _stage([b"abc", None, b""], [None, b"k", b"kk"], [5, 5, 6])
+    assert stage.sizes is None
+    source = staged_source(stage)
+    assert source is not None and source.sizes is None  # the plan reads the objects
+    assert stage.row_lengths().tolist() == [3, 1, 2]
+    assert stage.sizes is not None and stage.sizes.tolist() == [-1, 3, 1, -1, 2, 0]
+    source = staged_source(stage)
+    assert source is not None and source.sizes is stage.sizes
+    stage.release_rows()
+    assert stage.sizes is None
+
+
+@pytest.mark.parametrize(
+    ("sizes", "error"),
+    [
+        (np.array([-1, 1, -1], np.int32), ValueError),  # not two a row
+        (np.array([-1, 1, -1, 1, 0, 0], np.int32), ValueError),
+        (np.array([-2, 1, -1, 1], np.int32), ValueError),  # below -1
+        (np.array([-1, -9, -1, 1], np.int32), ValueError),
+        ("ab", TypeError),  # not a buffer
+        (7, TypeError),
+    ],
+)
+def test_sizes_that_do_not_fit_the_rows_are_refused(sizes: Any, error: type[Exception]) -> None:
+    plan_ = speedups.plan_batches
+    assert plan_ is not None
+    with pytest.raises(error):
+        plan_([b"a", b"b"], [None, None], [1, 1], None, [2], 100, b"\x00", sizes)
+
+
+@pytest.mark.parametrize("lie", [1, -1])
+def test_sizes_that_lie_make_a_batch_that_is_refused_not_written(lie: int) -> None:
+    """Lengths other than the rows' own cut batches of the wrong size: writing one is an
+    EncodeError, whatever the codec, never a batch whose framing disagrees with its
+    records."""
+    values, keys = [b"abc", b"de"], [None, b"k"]
+    sizes = _sizes(values, keys)
+    sizes[1] += lie
+    source = Source(values, keys, [1, 1], b"\x00", sizes)
+    ((_, batch),) = plan(source, None, [(0, 0, 2)], 1 << 20)
+    for codec in (BatchSettings(), BatchSettings(LZ4)):
+        with pytest.raises(EncodeError):
+            batch.write_into(memoryview(bytearray(HEADER_SIZE + 64)), 0, settings=codec)
 
 
 def test_plan_maps_partitions_and_stages_with_headers_carry_their_sections() -> None:

@@ -2008,6 +2008,229 @@ done:
     return result;
 }
 
+/* A native int32 buffer (numpy int32 exports "i", or "l" where long is 4 bytes). */
+static int
+is_int32(const Py_buffer *v)
+{
+    const char *f = v->format;
+    return v->itemsize == 4 && f != NULL &&
+           (!strcmp(f, "i") || !strcmp(f, "<i") || !strcmp(f, "=i") ||
+            (sizeof(long) == 4 && (!strcmp(f, "l") || !strcmp(f, "<l") || !strcmp(f, "=l"))));
+}
+
+/* Runs of one partition at most this many (as shmprod.worker.bulk._order): below it, a
+ * flush whose partitions are each one run already (null keys, sticky) is not sorted. */
+#define GROUPED_RUNS_MAX 4096
+
+/* partition_order(parts, order) -> (sorted, [(partition, lo, hi), ...]): a flush's rows
+ * grouped by partition, input order kept inside each. parts: a C-contiguous int32 buffer,
+ * every entry >= 0; order: a writable int64 buffer of as many entries. When each
+ * partition's rows are one run already (at most GROUPED_RUNS_MAX runs), sorted is False,
+ * order is not written and the ranges are the runs in input order; else order holds the
+ * rows sorted by partition (a counting sort: two passes, one array of counts) and the
+ * ranges ascend by partition. What numpy's stable argsort, a take and two diffs did, with
+ * their five temporaries of one entry per row. Runs in: worker. */
+static PyObject *
+partition_order(PyObject *mod, PyObject *args)
+{
+    PyObject *parts_arg, *order_arg;
+    if (!PyArg_ParseTuple(args, "OO:partition_order", &parts_arg, &order_arg)) {
+        return NULL;
+    }
+    Py_buffer pv, ov;
+    if (PyObject_GetBuffer(parts_arg, &pv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(order_arg, &ov, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) <
+        0) {
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    PyObject *result = NULL, *ranges = NULL;
+    Py_ssize_t *counts = NULL;
+    if (!is_int32(&pv)) {
+        PyErr_SetString(PyExc_TypeError, "parts must be an int32 buffer");
+        goto done;
+    }
+    if (!is_int64(&ov)) {
+        PyErr_SetString(PyExc_TypeError, "order must be an int64 buffer");
+        goto done;
+    }
+    Py_ssize_t n = pv.len / 4;
+    if (ov.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "order must hold one entry per row");
+        goto done;
+    }
+    const int32_t *parts = (const int32_t *)pv.buf;
+    long long *order = (long long *)ov.buf;
+    int32_t top = 0;
+    Py_ssize_t runs = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t v = parts[i];
+        if (v < 0) {
+            PyErr_SetString(PyExc_ValueError, "a partition below 0");
+            goto done;
+        }
+        if (v > top) {
+            top = v;
+        }
+        if (i == 0 || v != parts[i - 1]) {
+            runs++;
+        }
+    }
+    ranges = PyList_New(0);
+    if (ranges == NULL) {
+        goto done;
+    }
+    if (n == 0) {
+        result = Py_BuildValue("(OO)", Py_False, ranges);
+        goto done;
+    }
+    counts = PyMem_Calloc((size_t)top + 1, sizeof(Py_ssize_t));
+    if (counts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int grouped = runs <= GROUPED_RUNS_MAX;
+    if (grouped) { /* is any partition in two runs? counts marks those seen */
+        for (Py_ssize_t i = 0; i < n && grouped; i++) {
+            if (i == 0 || parts[i] != parts[i - 1]) {
+                grouped = counts[parts[i]]++ == 0;
+            }
+        }
+    }
+    if (grouped) {
+        Py_ssize_t lo = 0;
+        for (Py_ssize_t i = 1; i <= n; i++) {
+            if (i == n || parts[i] != parts[i - 1]) {
+                PyObject *item = Py_BuildValue("(inn)", (int)parts[lo], lo, i);
+                if (item == NULL || PyList_Append(ranges, item) < 0) {
+                    Py_XDECREF(item);
+                    goto done;
+                }
+                Py_DECREF(item);
+                lo = i;
+            }
+        }
+        result = Py_BuildValue("(OO)", Py_False, ranges);
+        goto done;
+    }
+    memset(counts, 0, ((size_t)top + 1) * sizeof(Py_ssize_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        counts[parts[i]]++;
+    }
+    Py_ssize_t at = 0; /* counts[p] becomes where partition p's next row goes */
+    for (int32_t p = 0; p <= top; p++) {
+        Py_ssize_t c = counts[p];
+        if (c == 0) {
+            continue;
+        }
+        PyObject *item = Py_BuildValue("(inn)", (int)p, at, at + c);
+        if (item == NULL || PyList_Append(ranges, item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+        counts[p] = at;
+        at += c;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        order[counts[parts[i]]++] = (long long)i;
+    }
+    result = Py_BuildValue("(OO)", Py_True, ranges);
+done:
+    PyMem_Free(counts);
+    Py_XDECREF(ranges);
+    PyBuffer_Release(&ov);
+    PyBuffer_Release(&pv);
+    return result;
+}
+
+/* row_places(order, counts, row_batch, row_index): where each row of a flush went. The
+ * sorted rows are cut into batches of counts[b] rows each, in order; row order[k] (k
+ * itself when order is None) of batch b at index j gets row_batch = b, row_index = j.
+ * order: None or an int64 buffer of the rows (each once: every row is written);
+ * row_batch, row_index: writable int32 buffers of one entry per row; the counts sum to
+ * the rows. What two np.repeat, an arange and two scatters did. Runs in: worker. */
+static PyObject *
+row_places(PyObject *mod, PyObject *args)
+{
+    PyObject *order_arg, *counts, *batch_arg, *index_arg;
+    Py_buffer bv, iv, ov = {0};
+    if (!PyArg_ParseTuple(args, "OO!OO:row_places", &order_arg, &PyList_Type, &counts,
+                          &batch_arg, &index_arg)) {
+        return NULL;
+    }
+    const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE;
+    if (PyObject_GetBuffer(batch_arg, &bv, flags) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(index_arg, &iv, flags) < 0) {
+        PyBuffer_Release(&bv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int has_order = 0;
+    Py_ssize_t n = bv.len / 4;
+    if (!is_int32(&bv) || !is_int32(&iv)) {
+        PyErr_SetString(PyExc_TypeError, "row_batch and row_index must be int32 buffers");
+        goto done;
+    }
+    if (iv.len != bv.len) {
+        PyErr_SetString(PyExc_ValueError, "row_batch and row_index differ in length");
+        goto done;
+    }
+    const long long *order = NULL;
+    if (order_arg != Py_None) {
+        if (PyObject_GetBuffer(order_arg, &ov, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            goto done;
+        }
+        has_order = 1;
+        if (!is_int64(&ov) || ov.len != n * 8) {
+            PyErr_SetString(PyExc_ValueError, "order must be int64, one entry per row");
+            goto done;
+        }
+        order = (const long long *)ov.buf;
+    }
+    int32_t *rb = (int32_t *)bv.buf, *ri = (int32_t *)iv.buf;
+    Py_ssize_t nb = PyList_GET_SIZE(counts), k = 0;
+    if (nb > 0x7FFFFFFF) {
+        PyErr_SetString(PyExc_ValueError, "too many batches");
+        goto done;
+    }
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        Py_ssize_t c = PyLong_AsSsize_t(PyList_GET_ITEM(counts, b));
+        if (c == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (c < 0 || c > n - k || c > 0x7FFFFFFF) {
+            PyErr_SetString(PyExc_ValueError, "the counts do not sum to the rows");
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < c; j++, k++) {
+            long long row = order != NULL ? order[k] : (long long)k;
+            if (row < 0 || row >= n) {
+                PyErr_SetString(PyExc_IndexError, "order holds a row out of range");
+                goto done;
+            }
+            rb[row] = (int32_t)b;
+            ri[row] = (int32_t)j;
+        }
+    }
+    if (k != n) {
+        PyErr_SetString(PyExc_ValueError, "the counts do not sum to the rows");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (has_order) {
+        PyBuffer_Release(&ov);
+    }
+    PyBuffer_Release(&iv);
+    PyBuffer_Release(&bv);
+    return result;
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* CRC-32C of a batch whose producer state was rewritten (shmprod.protocol.crc)         */
 /* ------------------------------------------------------------------------------------ */
@@ -2201,6 +2424,11 @@ static PyMethodDef speedups_methods[] = {
     {"plan_batches", plan_batches, METH_VARARGS,
      "plan_batches(values, keys, timestamps, order, ends, budget[, headers[, sizes]]) -> "
      "[(lo, hi, bytes, base_ts, max_ts)]."},
+    {"row_places", row_places, METH_VARARGS,
+     "row_places(order, counts, row_batch, row_index): each row's batch and index in it."},
+    {"partition_order", partition_order, METH_VARARGS,
+     "partition_order(parts, order) -> (sorted, [(partition, lo, hi)]): rows grouped by "
+     "partition, input order kept inside each (order written only when sorted)."},
     {"murmur2_partitions", murmur2_partitions, METH_VARARGS,
      "murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: "
      "null) into an int32 buffer."},

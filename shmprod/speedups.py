@@ -59,7 +59,9 @@ __all__ = [
     "append_row",
     "encode_records",
     "header_sections",
+    "partition_order",
     "plan_batches",
+    "row_places",
     "staged_lengths",
 ]
 
@@ -326,6 +328,13 @@ SendMethod: Callable[[Callable[..., Any]], Any] | None = None if _C is None else
 #: staged_lengths(values, keys, out[, sizes]): key + value bytes of each row into an int64
 #: buffer; each key's and value's length (-1: None) into sizes, two int32 a row
 staged_lengths: Callable[..., None] | None = None if _C is None else _C.staged_lengths
+#: partition_order(parts, order) -> (sorted, [(partition, lo, hi)]): a flush's rows grouped
+#: by partition (int32 parts, int64 order written when sorted); shmprod.worker.bulk._order
+partition_order: Callable[..., tuple[bool, list[tuple[int, int, int]]]] | None = (
+    None if _C is None else _C.partition_order
+)
+#: row_places(order, counts, row_batch, row_index): each row's batch and its index there
+row_places: Callable[..., None] | None = None if _C is None else _C.row_places
 #: murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: null
 #: key) into an int32 buffer; keys: a list of bytes | None or Arrow binary buffers
 murmur2_partitions: Callable[..., None] | None = None if _C is None else _C.murmur2_partitions

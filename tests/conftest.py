@@ -114,6 +114,8 @@ def w(
         monkeypatch.setattr(speedups, "encode_records", None)
         monkeypatch.setattr(speedups, "staged_lengths", None)
         monkeypatch.setattr(speedups, "murmur2_partitions", None)
+        monkeypatch.setattr(speedups, "partition_order", None)
+        monkeypatch.setattr(speedups, "row_places", None)
     worker = attach(fake.handle)
     try:
         yield worker

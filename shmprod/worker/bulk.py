@@ -284,7 +284,58 @@ class _Group:
 def _order(parts: I32) -> tuple[npt.NDArray[np.intp] | None, list[tuple[int, int, int]]]:
     """Rows sorted by partition, input order kept inside each: (order, ranges of
     (partition, lo, hi) over the sorted rows). ``order`` is None when every partition's
-    rows are one run already (null keys: runs of about a batch each). Runs in: worker."""
+    rows are one run already (null keys: runs of about a batch each). In C where built
+    (``speedups.partition_order``, a counting sort), else numpy. Runs in: worker."""
+    if speedups.partition_order is not None:
+        order = np.empty(len(parts), np.intp)
+        try:
+            rows_moved, ranges = speedups.partition_order(
+                np.ascontiguousarray(parts, np.int32), order
+            )
+        except (TypeError, ValueError) as exc:  # our own partitions: a bug if so
+            raise ProducerError(f"grouping rows by partition: {exc}") from None
+        return (order if rows_moved else None), ranges
+    return _order_numpy(parts)
+
+
+def _row_places(
+    order: npt.NDArray[np.intp] | None, counts: list[int], n: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """Each of ``n`` rows' batch and its index in it, the sorted rows (``order``; None:
+    as they are) cut into batches of ``counts`` rows. In C where built
+    (``speedups.row_places``), else numpy. Runs in: worker."""
+    if speedups.row_places is not None:
+        row_batch = np.empty(n, np.int32)
+        row_index = np.empty(n, np.int32)
+        try:
+            speedups.row_places(order, counts, row_batch, row_index)
+        except (TypeError, ValueError, IndexError) as exc:  # our own rows: a bug if so
+            raise ProducerError(f"placing rows in their batches: {exc}") from None
+        return row_batch, row_index
+    return _row_places_numpy(order, counts, n)
+
+
+def _row_places_numpy(
+    order: npt.NDArray[np.intp] | None, counts: list[int], n: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """:func:`_row_places` in numpy (no extension). Runs in: worker."""
+    counts_a = np.array(counts, dtype=np.int64)
+    starts = np.cumsum(counts_a) - counts_a
+    sorted_batch = np.repeat(np.arange(len(counts), dtype=np.int32), counts_a)
+    sorted_index = (np.arange(n, dtype=np.int64) - np.repeat(starts, counts_a)).astype(np.int32)
+    if order is None:
+        return sorted_batch, sorted_index
+    row_batch = np.empty(n, np.int32)
+    row_index = np.empty(n, np.int32)
+    row_batch[order] = sorted_batch
+    row_index[order] = sorted_index
+    return row_batch, row_index
+
+
+def _order_numpy(
+    parts: I32,
+) -> tuple[npt.NDArray[np.intp] | None, list[tuple[int, int, int]]]:
+    """:func:`_order` in numpy (no extension). Runs in: worker."""
     n = len(parts)
     changes = np.diff(parts) != 0
     if int(np.count_nonzero(changes)) < 4096:  # few runs (keyed rows have about n)
@@ -805,17 +856,7 @@ def _flush_stage(port: AppendPort, stage: Stage) -> None:
             cols = _take_rows(cols, keep)
         written = _write(port, entry, slots, cols, parts[~gone], "sealed", created)
     order, outcomes, counts = written if written is not None else (None, [], [])
-    counts_a = np.array(counts, dtype=np.int64)
-    starts = np.cumsum(counts_a) - counts_a
-    sorted_batch = np.repeat(np.arange(len(counts), dtype=np.int32), counts_a)
-    sorted_index = (np.arange(kept, dtype=np.int64) - np.repeat(starts, counts_a)).astype(np.int32)
-    if order is not None:
-        row_batch = np.empty(kept, np.int32)
-        row_index = np.empty(kept, np.int32)
-        row_batch[order] = sorted_batch
-        row_index[order] = sorted_index
-    else:
-        row_batch, row_index = sorted_batch, sorted_index
+    row_batch, row_index = _row_places(order, counts, kept)
     if keep is not None:  # rows of gone partitions: one failed outcome of their own
         lost = BatchOutcome(port.done_lock, stage.topic, -1)
         lost.fail(

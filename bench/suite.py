@@ -236,6 +236,7 @@ def measure(
     """One run of one kind on a fresh broker; raises if the broker did not get exactly
     the records sent."""
     per_worker = cell["records"] // procs
+    reported = [_host_reported_mb()]
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
         if kind == CEILING:
@@ -285,6 +286,7 @@ def measure(
                 if producer is not None:  # every worker has mapped the pool: shares settled
                     watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 watch.baseline()  # before the clock: the workers wait at the barrier
+                reported.append(_host_reported_mb())
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
                 stall = None
@@ -299,6 +301,7 @@ def measure(
                 reports = [out.get(timeout=900) for _ in workers]
                 s1 = _cpu(sender_pid)
                 b1, bt1 = _cpu(broker.pid), time.perf_counter()
+                reported.append(_host_reported_mb())
                 if stall is not None:
                     stall.join()
             for p in workers:
@@ -342,7 +345,30 @@ def measure(
         # the broker was sent, whose cost per batch shows in its CPU per GB
         "records_per_batch": _ratio(batching["records"], batching["batches"]),
         "batches_per_request": _ratio(batching["requested"], batching["requests"]),
+        # memory handed back to the host (None: not a machine that does): in the set-up
+        # (the previous run's processes exit before it) and in the run
+        "host_reported_mb_setup": _delta(reported[0], reported[1]),
+        "host_reported_mb_run": _delta(reported[1], reported[2]),
     }
+
+
+HOST_REPORTED = "/sys/module/page_reporting/parameters/reported_kib"
+
+
+def _host_reported_mb() -> float | None:
+    """MB of free memory this machine's kernel has handed back to its host so far (a
+    virtual machine with free page reporting), or None where it does not. A page handed
+    back costs more to fault in again, and the broker's CPU is mostly page faults: the
+    suite records how much was handed back before and during each run."""
+    try:
+        with open(HOST_REPORTED) as f:
+            return int(f.read()) / 1024
+    except (OSError, ValueError):
+        return None
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(b - a, 1)
 
 
 def _batching(s: dict[str, Any]) -> dict[str, int]:
@@ -634,8 +660,10 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "peak_mb",
         "records_per_batch",
         "batches_per_request",
+        "host_reported_mb_setup",
+        "host_reported_mb_run",
     )
-    row["per_run"] = [{k: r[k] for k in keep} for r in runs]
+    row["per_run"] = [{k: r.get(k) for k in keep} for r in runs]  # the ceiling: no host MB
     return row
 
 
@@ -775,6 +803,12 @@ def main(argv: list[str] | None = None) -> int:
                             f"  {r['records_per_batch']:,.0f} rec/batch, "
                             f"{r['batches_per_request']:.1f} batches/request"
                             if r["records_per_batch"]
+                            else ""
+                        )
+                        + (
+                            f"  host took back {r['host_reported_mb_setup']:.0f} MB in set-up, "
+                            f"{r['host_reported_mb_run']:.0f} MB in the run"
+                            if r["host_reported_mb_run"] is not None
                             else ""
                         ),
                         flush=True,

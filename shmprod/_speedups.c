@@ -1690,6 +1690,7 @@ staged_lengths(PyObject *mod, PyObject *args)
     }
     PyObject *result = NULL;
     char *sz = NULL; /* two int32 a row, at any alignment */
+    int sized = 0;   /* the sizes buffer is held (its buf may be NULL when empty) */
     Py_ssize_t n = PyList_GET_SIZE(values);
     if (PyList_GET_SIZE(keys) != n || out.len != n * 8) {
         PyErr_SetString(PyExc_ValueError, "values, keys and out differ in length");
@@ -1699,6 +1700,7 @@ staged_lengths(PyObject *mod, PyObject *args)
         if (PyObject_GetBuffer(sizes_arg, &sizes, PyBUF_WRITABLE) < 0) {
             goto done;
         }
+        sized = 1;
         sz = (char *)sizes.buf;
         if (sizes.len != n * 8) {
             PyErr_SetString(PyExc_ValueError, "sizes must hold two int32 per row");
@@ -1721,7 +1723,7 @@ staged_lengths(PyObject *mod, PyObject *args)
             goto done;
         }
         dst[i] = (k > 0 ? k : 0) + (v > 0 ? v : 0);
-        if (sz != NULL) {
+        if (sized) {
             if (k > INT32_MAX || v > INT32_MAX) {
                 PyErr_SetString(PyExc_OverflowError, "a staged key or value of 2**31 bytes");
                 goto done;
@@ -1732,7 +1734,7 @@ staged_lengths(PyObject *mod, PyObject *args)
     }
     result = Py_NewRef(Py_None);
 done:
-    if (sz != NULL) {
+    if (sized) {
         PyBuffer_Release(&sizes);
     }
     PyBuffer_Release(&out);
@@ -1764,26 +1766,22 @@ plan_batches(PyObject *mod, PyObject *args)
     }
     Py_buffer sizes = {0};
     const char *sz = NULL; /* two int32 a row, at any alignment */
+    int sized = 0;         /* the sizes buffer is held (its buf may be NULL when empty) */
+    PyObject *out = NULL;
     if (sizes_arg != Py_None) {
         if (PyObject_GetBuffer(sizes_arg, &sizes, PyBUF_SIMPLE) < 0) {
-            rows_release(&r);
-            return NULL;
+            goto fail;
         }
+        sized = 1;
         if (sizes.len != r.n * 8) {
-            PyBuffer_Release(&sizes);
-            rows_release(&r);
             PyErr_SetString(PyExc_ValueError, "sizes must hold two int32 per row");
-            return NULL;
+            goto fail;
         }
         sz = (const char *)sizes.buf;
     }
-    PyObject *out = PyList_New(0);
+    out = PyList_New(0);
     if (out == NULL) {
-        if (sz != NULL) {
-            PyBuffer_Release(&sizes);
-        }
-        rows_release(&r);
-        return NULL;
+        goto fail;
     }
     Py_ssize_t nends = PyList_GET_SIZE(ends);
     Py_ssize_t lo = 0, prev_end = 0;
@@ -1804,7 +1802,7 @@ plan_batches(PyObject *mod, PyObject *args)
                 const char *kp, *vp, *hp;
                 Py_ssize_t k, v, h;
                 long long ts;
-                if (sz != NULL) {
+                if (sized) {
                     Py_ssize_t row = row_at(&r, i);
                     if (row < 0 || row_stamp(&r, row, &ts, &hp, &h) < 0) {
                         goto fail;
@@ -1850,17 +1848,17 @@ plan_batches(PyObject *mod, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "ends must rise strictly to the row count");
         goto fail;
     }
-    if (sz != NULL) {
+    if (sized) {
         PyBuffer_Release(&sizes);
     }
     rows_release(&r);
     return out;
 fail:
-    if (sz != NULL) {
+    if (sized) {
         PyBuffer_Release(&sizes);
     }
     rows_release(&r);
-    Py_DECREF(out);
+    Py_XDECREF(out);
     return NULL;
 }
 

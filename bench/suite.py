@@ -297,10 +297,12 @@ def measure(
                 # their start (attach, the warm-up record) is set-up, like a peer's
                 # producer built before the barrier
                 s0 = _cpu(sender_pid)
+                k0 = _kernel(broker.pid)
                 b0, bt0 = _cpu(broker.pid), time.perf_counter()
                 reports = [out.get(timeout=900) for _ in workers]
                 s1 = _cpu(sender_pid)
                 b1, bt1 = _cpu(broker.pid), time.perf_counter()
+                k1 = _kernel(broker.pid)
                 reported.append(_host_reported_mb())
                 if stall is not None:
                     stall.join()
@@ -337,6 +339,7 @@ def measure(
         # shmprod's sender alone (0 for the peers): the rest is the workers'
         "sender_cpu_s_per_gb": (s1 - s0) / (nbytes / 1e9),
         **_broker_cpu(b1 - b0, bt1 - bt0, nbytes),
+        **_broker_kernel(k0, k1, nbytes),
         "peak_mb": watch.peak / 2**20,
         "producer_mb": max(0.0, watch.peak - base) / 2**20,
         "connections": len(watch.ports),
@@ -353,6 +356,34 @@ def measure(
 
 
 HOST_REPORTED = "/sys/module/page_reporting/parameters/reported_kib"
+
+
+def _kernel(pid: int | None) -> tuple[float, int] | None:
+    """A process's CPU seconds in the kernel and its minor page faults so far, from
+    ``/proc`` (None where it is not readable)."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # after the command's ")": state is field 3, minflt 10, stime 15 (proc(5))
+        return int(fields[12]) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _broker_kernel(
+    a: tuple[float, int] | None, b: tuple[float, int] | None, nbytes: int
+) -> dict[str, float | None]:
+    """The broker's kernel CPU s per GB and minor page faults per MB in a run: its CPU is
+    mostly page faults, so a run whose broker is slower shows here whether it took more
+    faults or paid more for each."""
+    if a is None or b is None:
+        return {"broker_sys_s_per_gb": None, "broker_faults_per_mb": None}
+    return {
+        "broker_sys_s_per_gb": round((b[0] - a[0]) / (nbytes / 1e9), 3),
+        "broker_faults_per_mb": round((b[1] - a[1]) / (nbytes / 1e6), 1),
+    }
 
 
 def _host_reported_mb() -> float | None:
@@ -662,6 +693,8 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "batches_per_request",
         "host_reported_mb_setup",
         "host_reported_mb_run",
+        "broker_sys_s_per_gb",
+        "broker_faults_per_mb",
     )
     row["per_run"] = [{k: r.get(k) for k in keep} for r in runs]  # the ceiling: no host MB
     return row
@@ -809,6 +842,12 @@ def main(argv: list[str] | None = None) -> int:
                             f"  host took back {r['host_reported_mb_setup']:.0f} MB in set-up, "
                             f"{r['host_reported_mb_run']:.0f} MB in the run"
                             if r["host_reported_mb_run"] is not None
+                            else ""
+                        )
+                        + (
+                            f"  broker kernel {r['broker_sys_s_per_gb']:.2f} s/GB, "
+                            f"{r['broker_faults_per_mb']:.0f} faults/MB"
+                            if r.get("broker_sys_s_per_gb") is not None
                             else ""
                         ),
                         flush=True,

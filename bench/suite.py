@@ -297,12 +297,12 @@ def measure(
                 # their start (attach, the warm-up record) is set-up, like a peer's
                 # producer built before the barrier
                 s0 = _cpu(sender_pid)
-                k0 = _kernel(broker.pid)
+                k0, st0 = _kernel(broker.pid), _steal_s()
                 b0, bt0 = _cpu(broker.pid), time.perf_counter()
                 reports = [out.get(timeout=900) for _ in workers]
                 s1 = _cpu(sender_pid)
                 b1, bt1 = _cpu(broker.pid), time.perf_counter()
-                k1 = _kernel(broker.pid)
+                k1, st1 = _kernel(broker.pid), _steal_s()
                 reported.append(_host_reported_mb())
                 if stall is not None:
                     stall.join()
@@ -340,6 +340,8 @@ def measure(
         "sender_cpu_s_per_gb": (s1 - s0) / (nbytes / 1e9),
         **_broker_cpu(b1 - b0, bt1 - bt0, nbytes),
         **_broker_kernel(k0, k1, nbytes),
+        # CPU time the host gave to others while this machine's cores wanted it
+        "steal_s": _delta(st0, st1),
         "peak_mb": watch.peak / 2**20,
         "producer_mb": max(0.0, watch.peak - base) / 2**20,
         "connections": len(watch.ports),
@@ -384,6 +386,17 @@ def _broker_kernel(
         "broker_sys_s_per_gb": round((b[0] - a[0]) / (nbytes / 1e9), 3),
         "broker_faults_per_mb": round((b[1] - a[1]) / (nbytes / 1e6), 1),
     }
+
+
+def _steal_s() -> float | None:
+    """Seconds of CPU this (virtual) machine's cores were ready to run but the host ran
+    something else, summed over the cores, from ``/proc/stat`` (None: not readable)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")  # cpu user nice ... steal
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _host_reported_mb() -> float | None:
@@ -695,6 +708,7 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "host_reported_mb_run",
         "broker_sys_s_per_gb",
         "broker_faults_per_mb",
+        "steal_s",
     )
     row["per_run"] = [{k: r.get(k) for k in keep} for r in runs]  # the ceiling: no host MB
     return row
@@ -849,7 +863,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"{r['broker_faults_per_mb']:.0f} faults/MB"
                             if r.get("broker_sys_s_per_gb") is not None
                             else ""
-                        ),
+                        )
+                        + (f", steal {r['steal_s']:.2f} s" if r.get("steal_s") is not None else ""),
                         flush=True,
                     )
         ceiling = runs.get((CEILING, 0))

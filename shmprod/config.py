@@ -23,6 +23,7 @@ names (``"bootstrap.servers"``, ``"linger.ms"``). An unknown or ill-typed option
 | retry_backoff_ms | 100 | retry.backoff.ms (100) |
 | retry_backoff_max_ms | 1000 | retry.backoff.max.ms (1000) |
 | max_in_flight_requests_per_connection | 5 | max.in.flight.requests.per.connection (5) |
+| connections_per_broker | 1 | none (Java: one per broker): the host's connections to each broker; each partition's requests stay on one of them, so its order and sequence numbers are kept. A broker works one connection's requests one at a time, so the whole host's traffic over one connection is capped by that |
 | enable_idempotence | True | enable.idempotence (true) |
 | metadata_max_age_ms | 300000 | metadata.max.age.ms (300000) |
 | partitioner | "murmur2" | partitioner.class (built-in murmur2 + sticky) |
@@ -67,6 +68,7 @@ SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SECRET_OPTIONS: Final = ("ssl_password", "sasl_plain_password")
 REDACTED: Final = "[redacted]"
+MAX_CONNECTIONS_PER_BROKER: Final = 16  # connections_per_broker's bound
 """What a secret option holds in the configuration handed to workers."""
 
 
@@ -90,6 +92,7 @@ class ProducerConfig:
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 1000
     max_in_flight_requests_per_connection: int = 5
+    connections_per_broker: int = 1
     enable_idempotence: bool = True
     metadata_max_age_ms: int = 300_000
     partitioner: Any = "murmur2"
@@ -348,6 +351,7 @@ def _check(cfg: ProducerConfig) -> None:
     _int(cfg, "retry_backoff_ms", 0)
     _int(cfg, "retry_backoff_max_ms", 0)
     _int(cfg, "max_in_flight_requests_per_connection", 1, 1000)
+    _int(cfg, "connections_per_broker", 1, MAX_CONNECTIONS_PER_BROKER)
     if not isinstance(cfg.enable_idempotence, bool):
         raise ConfigError(
             f"option 'enable_idempotence' must be a bool, got {cfg.enable_idempotence!r}"
@@ -443,6 +447,7 @@ _TEXT_INTS: Final = frozenset(
         "retry_backoff_ms",
         "retry_backoff_max_ms",
         "max_in_flight_requests_per_connection",
+        "connections_per_broker",
         "metadata_max_age_ms",
     }
 )

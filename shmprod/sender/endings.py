@@ -110,12 +110,12 @@ class Endings:
                 conn.send(
                     MetadataRequest(topics=[], allow_auto_topic_creation=False),
                     MetadataResponse,
-                    FenceHandler(self._fences, conn.node_id),
+                    FenceHandler(self._fences, conn.key),
                     now,
                 )
             except UnsupportedVersionError:
                 continue
-            self._fences.add(conn.node_id)
+            self._fences.add(conn.key)
             self.nodes.flush(conn, now)
 
     # -- failures -------------------------------------------------------------------------

@@ -323,17 +323,39 @@ class Sender:
         )
         if no_leader:
             self.metadata.request_refresh(now)
+        lanes = self.cfg.connections_per_broker
         for node, slots in by_node.items():
-            conn = self.nodes.for_node(node, now)
-            if conn is None or not conn.ready:
+            if lanes == 1:
+                self._drain_lane(node, 0, slots, now, only)
                 continue
-            while conn.ready and conn.in_flight < self.max_in_flight:
-                batches = self.drainer.drain(
-                    node, slots, self.acc, self.in_flight.per_partition, now, only
-                )
-                if not batches:
-                    break
-                self._send_produce(conn, batches, now)
+            # each partition's requests always take the same one of the node's
+            # connections, so its batches stay in order on one connection
+            by_lane: dict[int, list[int]] = {}
+            for slot in slots:
+                by_lane.setdefault(slot % lanes, []).append(slot)
+            for lane, lane_slots in by_lane.items():
+                self._drain_lane(node, lane, lane_slots, now, only)
+
+    def _drain_lane(
+        self,
+        node: int,
+        lane: int,
+        slots: list[int],
+        now: int,
+        only: Callable[[Batch], bool] | None,
+    ) -> None:
+        """Fills connection ``lane`` to ``node`` with requests of ``slots``' batches, up
+        to its in-flight limit."""
+        conn = self.nodes.for_node(node, now, lane)
+        if conn is None or not conn.ready:
+            return
+        while conn.ready and conn.in_flight < self.max_in_flight:
+            batches = self.drainer.drain(
+                conn.key, slots, self.acc, self.in_flight.per_partition, now, only
+            )
+            if not batches:
+                break
+            self._send_produce(conn, batches, now)
 
     def _send_produce(self, conn: NodeConnection, batches: list[Batch], now: int) -> None:
         """Checks each batch's bytes again, assigns sequences (idempotence), then queues

@@ -141,6 +141,14 @@ class InFlight:
 
 _HANDSHAKE = object()
 
+LANE_KEY_BASE = 1 << 32  # above every node id (int32) in the keys of lanes 1, 2, ...
+
+
+def lane_key(node_id: int, lane: int) -> int:
+    """The key of connection ``lane`` to a node: the node id for lane 0 (and for the
+    bootstrap servers' keys, -1, -2, ...), ``lane * LANE_KEY_BASE + node_id`` above."""
+    return node_id if lane == 0 else lane * LANE_KEY_BASE + node_id
+
 
 def _flat(segment: bytes | memoryview) -> memoryview:
     """A segment as a flat unsigned-byte memoryview (no copy)."""
@@ -162,8 +170,10 @@ class NodeConnection:
         now_ns: int,
         ssl_context: ssl.SSLContext | None = None,
         sasl: SaslCredentials | None = None,
+        lane: int = 0,
     ) -> None:
         self.node_id = node_id
+        self.lane = lane  # which of the node's connections (connections_per_broker)
         self.host = host
         self.port = port
         self.client_id = client_id
@@ -189,8 +199,16 @@ class NodeConnection:
         self._tls_out = ssl.MemoryBIO()
         self._cipher: memoryview | None = None  # ciphertext the socket has not taken yet
 
+    @property
+    def key(self) -> int:
+        """This connection's key among the sender's connections (:func:`lane_key`)."""
+        return lane_key(self.node_id, self.lane)
+
     def __repr__(self) -> str:
-        return f"NodeConnection(node={self.node_id}, {self.host}:{self.port}, {self.state.name})"
+        lane = f", lane {self.lane}" if self.lane else ""
+        return (
+            f"NodeConnection(node={self.node_id}{lane}, {self.host}:{self.port}, {self.state.name})"
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 """The sender's broker connections, Java's ``NetworkClient``: one
-:class:`~shmprod.sender.network.NodeConnection` per node id (and per bootstrap server,
-keys -1, -2, ..., until metadata names the nodes), opened on demand, a reconnect backoff
+:class:`~shmprod.sender.network.NodeConnection` per node id and lane (lanes 0 to
+``connections_per_broker - 1``, keys from :func:`~shmprod.sender.network.lane_key`; lane
+0's key is the node id), and per bootstrap server (keys -1, -2, ..., until metadata
+names the nodes), opened on demand, a reconnect backoff
 per key, host names resolved off the loop, request timeouts, and each request's outcome
 handed to the handler it carries (:class:`Handler`): written (acks=0), answered, or lost
 with its connection.
@@ -20,7 +22,7 @@ from shmprod.config import ProducerConfig, parse_bootstrap
 from shmprod.protocol import error_codes as ec
 from shmprod.protocol.messages import Response
 from shmprod.sender.metadata import Metadata
-from shmprod.sender.network import ConnectionLost, InFlight, NodeConnection
+from shmprod.sender.network import ConnectionLost, InFlight, NodeConnection, lane_key
 from shmprod.sender.policy import backoff_ns
 from shmprod.sender.resolver import Resolver
 from shmprod.sender.units import MS
@@ -82,7 +84,7 @@ class Nodes:
         self._bootstrap = parse_bootstrap(cfg.bootstrap_servers)
         self._ssl_context = cfg.ssl_context()  # TLS and SASL of every broker connection
         self._sasl = cfg.sasl_credentials()
-        self.conns: dict[int, NodeConnection] = {}  # node id (bootstrap: -1 - index)
+        self.conns: dict[int, NodeConnection] = {}  # lane_key (bootstrap: -1 - index)
         self._reconnect: dict[int, tuple[int, int]] = {}  # key -> (failures, not before)
         self._bootstrap_failures = 0
         self.errors = 0  # broker connection failures, and the last one's reason
@@ -118,9 +120,12 @@ class Nodes:
             conn.close()
         self.conns.clear()
 
-    def connect(self, key: int, host: str, port: int, now: int) -> NodeConnection | None:
-        """Opens a connection under ``key`` (a node id, or -1-i for bootstrap server i)
-        unless it is in reconnect backoff."""
+    def connect(
+        self, node: int, host: str, port: int, now: int, lane: int = 0
+    ) -> NodeConnection | None:
+        """Opens connection ``lane`` to ``node`` (a node id, or -1-i for bootstrap
+        server i) unless its key is in reconnect backoff."""
+        key = lane_key(node, lane)
         not_before = self._reconnect.get(key, (0, 0))[1]
         if now < not_before:
             return None
@@ -131,7 +136,7 @@ class Nodes:
             self.failed(key, f"cannot resolve {host}:{port}: {address}", now)
             return None
         conn = NodeConnection(
-            key,
+            node,
             host,
             port,
             client_id=self.cfg.client_id,
@@ -139,6 +144,7 @@ class Nodes:
             now_ns=now,
             ssl_context=self._ssl_context,
             sasl=self._sasl,
+            lane=lane,
         )
         try:
             conn.open(address)
@@ -175,15 +181,16 @@ class Nodes:
             self._conn_logged = self.errors
             self._conn_log_at = now + CONN_LOG_EVERY_NS
 
-    def for_node(self, node: int, now: int) -> NodeConnection | None:
-        conn = self.conns.get(node)
+    def for_node(self, node: int, now: int, lane: int = 0) -> NodeConnection | None:
+        """Connection ``lane`` to ``node``, opened (connecting) when there is none yet."""
+        conn = self.conns.get(lane_key(node, lane))
         if conn is not None:
             return conn
         address = self.metadata.address(node)
         if address is None:
             self.metadata.request_refresh(now)
             return None
-        return self.connect(node, address[0], address[1], now)
+        return self.connect(node, address[0], address[1], now, lane)
 
     def any_ready(self, now: int) -> NodeConnection | None:
         """The least busy ready connection; when there is none, starts one (a known
@@ -241,7 +248,7 @@ class Nodes:
             self.lost(conn, exc, now)
             return
         if conn.ready and not was_ready:
-            self._reconnect.pop(conn.node_id, None)
+            self._reconnect.pop(conn.key, None)
             log.debug("connected to %r", conn)
         for req, resp in answers:
             handler_of(req).on_response(resp, now)
@@ -261,7 +268,7 @@ class Nodes:
         if exc.fatal is not None:
             self._on_fatal(exc.fatal)
             return
-        key = conn.node_id
+        key = conn.key
         self._forget(conn.sock)
         lost = conn.close()
         if self.conns.get(key) is conn:

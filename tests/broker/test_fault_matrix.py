@@ -10,6 +10,7 @@ order holds, and the log holds nothing nobody sent. ``python -m tests.support.fa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
@@ -115,3 +116,26 @@ def test_send_batch_racing_a_dead_sender_fails_its_future(
         finally:
             A.fault_hook = None
             w.close(timeout=5)
+
+
+# the network faults again with two connections to each broker (connections_per_broker):
+# each partition stays on one of them, so nothing may change in what the table counts
+LANE_FAULTS = (
+    "connections dropped x5",
+    "leaders moved (+ NOT_LEADER x2)",
+    "node 1 down 1 s, then back",
+)
+
+
+@pytest.mark.parametrize("fault", LANE_FAULTS)
+def test_fault_over_two_connections_per_broker(
+    fault: str, broker: EmbeddedBroker, topic_name: str
+) -> None:
+    (row,) = [r for r in rows() if r.fault == fault]
+    row = dataclasses.replace(row, options={**row.options, "connections_per_broker": 2})
+    t = run_row(row, broker, topic_name)
+    failed_checks = [name for name, ok in t.checks.items() if not ok]
+    assert not failed_checks, f"{row.fault}: {failed_checks}; failed: {t.failed_text()} {t.notes}"
+    _no_harm(t)
+    assert not t.failed and not t.refused and t.no_outcome == 0, t.failed_text()
+    assert t.acked == t.sent == row.workers * row.records

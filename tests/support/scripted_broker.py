@@ -74,6 +74,7 @@ Answer = int | str  # an error code, WRITE_THEN_DROP or SILENCE
 class _Conn:
     node: int
     sock: socket.socket
+    serial: int  # the order the broker accepted it in
     decoder: FrameDecoder = field(default_factory=FrameDecoder)
     out: bytearray = field(default_factory=bytearray)
     closed: bool = False
@@ -98,6 +99,7 @@ class Landed:
     batch: RecordBatch
     answer: Answer | None  # None: written (or a duplicate of a written one)
     offset: int  # the base offset answered (-1 if none)
+    conn: int  # the serial of the connection it came over
 
 
 class ScriptedBroker:
@@ -183,7 +185,7 @@ class ScriptedBroker:
                 except BlockingIOError:
                     break
                 sock.setblocking(False)
-                self._conns.append(_Conn(node, sock))
+                self._conns.append(_Conn(node, sock, len(self._conns)))
         for c in self._conns:
             if c.closed:
                 continue
@@ -297,7 +299,13 @@ class ScriptedBroker:
                     drop = drop or scripted == WRITE_THEN_DROP
                 self.landed.append(
                     Landed(
-                        c.node, td.name, pd.index, batch, scripted if code == 0 else code, offset
+                        c.node,
+                        td.name,
+                        pd.index,
+                        batch,
+                        scripted if code == 0 else code,
+                        offset,
+                        c.serial,
                     )
                 )
                 parts.append(

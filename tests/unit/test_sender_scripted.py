@@ -12,6 +12,7 @@ import pytest
 
 from shmprod import ipc
 from shmprod import layout as L
+from shmprod.config import ConfigError, ProducerConfig, text_options
 from shmprod.errors import DeliveryTimeoutError, MetadataTimeoutError
 from shmprod.protocol import error_codes as ec
 from shmprod.protocol.messages import InitProducerIdRequest, ProduceRequest
@@ -206,3 +207,75 @@ def test_no_broker_at_start_fails_ready_and_exits_with_the_bootstrap_status() ->
         assert L.U32.unpack_from(r.view, L.H_STATE)[0] == L.STATE_FAILED
     finally:
         r.close()
+
+
+# -- several connections per broker (connections_per_broker) ----------------------------
+
+
+@pytest.fixture
+def lanes() -> Iterator[SenderRig]:
+    broker = ScriptedBroker(nodes=1, topics={"t": 4})
+    r = SenderRig(broker, connections_per_broker=2)
+    try:
+        ready = r.worker.expect(ipc.Ready)
+        assert ready.error == 0, ready
+        yield r
+    finally:
+        r.close()
+        broker.close()
+
+
+def _conns_of(rig: SenderRig, partitions: int) -> dict[int, set[int]]:
+    """The connections (serials) each partition's Produces came over."""
+    return {p: {x.conn for x in rig.broker.landed if x.partition == p} for p in range(partitions)}
+
+
+def test_two_connections_per_broker_keep_each_partition_on_one(lanes: SenderRig) -> None:
+    w = lanes.worker
+    base, n = w.topic("t")
+    for rnd in range(3):
+        bids = [w.produce(base + p, values(f"{p}.{rnd}", 2)) for p in range(n)]
+        for bid in bids:
+            assert w.done(bid).error == 0
+    for p in range(n):
+        assert lanes.broker.values("t", p) == [
+            v for rnd in range(3) for v in values(f"{p}.{rnd}", 2)
+        ]
+    conns = _conns_of(lanes, n)
+    assert all(len(c) == 1 for c in conns.values()), conns
+    assert len(set().union(*conns.values())) == 2, conns  # both connections carry some
+    assert lanes.broker.connections(0) == 2
+
+
+def test_a_dropped_lane_loses_nothing_and_keeps_each_partition_on_one(
+    lanes: SenderRig,
+) -> None:
+    w = lanes.worker
+    base, n = w.topic("t")
+    for p in range(n):
+        assert w.done(w.produce(base + p, values(f"a{p}", 1))).error == 0
+    before = len(lanes.broker.landed)
+    lanes.broker.script("t", 1, SILENCE)  # written nowhere, never answered
+    bid = w.produce(base + 1, values("d", 2))
+    lanes.turn()
+    assert lanes.broker.drop_connections(0) == 2
+    done = w.done(bid)
+    assert (done.error, done.base_offset) == (0, 1), done
+    for p in range(n):
+        assert w.done(w.produce(base + p, values(f"b{p}", 1))).error == 0
+    assert lanes.broker.values("t", 1) == values("a1", 1) + values("d", 2) + values("b1", 1)
+    after = [x for x in lanes.broker.landed[before:] if x.answer != SILENCE]
+    conns = {p: {x.conn for x in after if x.partition == p} for p in range(n)}
+    assert all(len(c) == 1 for c in conns.values()), conns  # the new connections
+    assert lanes.broker.connections(0) == 2
+
+
+@pytest.mark.parametrize("bad", [0, 17, -1, 1.5, True, "2"])
+def test_connections_per_broker_out_of_range_is_refused(bad: object) -> None:
+    with pytest.raises(ConfigError, match="connections_per_broker"):
+        ProducerConfig(bootstrap_servers="127.0.0.1:9092", connections_per_broker=bad)
+
+
+def test_connections_per_broker_is_read_from_text() -> None:
+    options = text_options({"bootstrap.servers": "127.0.0.1:9092", "connections.per.broker": "3"})
+    assert ProducerConfig(**options).connections_per_broker == 3

@@ -7,6 +7,7 @@ turn by turn."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -21,10 +22,9 @@ from tests.support.scripted_broker import SILENCE, WRITE_THEN_DROP, ScriptedBrok
 from tests.support.sender_peers import values
 
 
-@pytest.fixture
-def rig() -> Iterator[SenderRig]:
-    broker = ScriptedBroker(nodes=2, topics={"t": 2})
-    r = SenderRig(broker)
+def _ready_rig(broker: ScriptedBroker, **options: Any) -> Iterator[SenderRig]:
+    """A rig whose sender said Ready over ``broker``; closes both after."""
+    r = SenderRig(broker, **options)
     try:
         ready = r.worker.expect(ipc.Ready)
         assert ready.error == 0, ready
@@ -32,6 +32,11 @@ def rig() -> Iterator[SenderRig]:
     finally:
         r.close()
         broker.close()
+
+
+@pytest.fixture
+def rig() -> Iterator[SenderRig]:
+    yield from _ready_rig(ScriptedBroker(nodes=2, topics={"t": 2}))
 
 
 def test_a_batch_is_delivered_with_its_offset(rig: SenderRig) -> None:
@@ -214,15 +219,7 @@ def test_no_broker_at_start_fails_ready_and_exits_with_the_bootstrap_status() ->
 
 @pytest.fixture
 def lanes() -> Iterator[SenderRig]:
-    broker = ScriptedBroker(nodes=1, topics={"t": 4})
-    r = SenderRig(broker, connections_per_broker=2)
-    try:
-        ready = r.worker.expect(ipc.Ready)
-        assert ready.error == 0, ready
-        yield r
-    finally:
-        r.close()
-        broker.close()
+    yield from _ready_rig(ScriptedBroker(nodes=1, topics={"t": 4}), connections_per_broker=2)
 
 
 def _conns_of(rig: SenderRig, partitions: int) -> dict[int, set[int]]:

@@ -240,7 +240,14 @@ def measure(
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
         if kind == CEILING:
-            return _ceiling(broker.bootstrap, cell, cell["records"], args.headers, broker.pid)
+            return _ceiling(
+                broker.bootstrap,
+                cell,
+                cell["records"],
+                args.headers,
+                broker.pid,
+                args.connections_per_broker,
+            )
         producer = None
         sender_pid = None
         batching = {"records": 0, "batches": 0, "requested": 0, "requests": 0}
@@ -263,6 +270,7 @@ def measure(
                 linger_ms=LINGER_MS,
                 acks="all",
                 compression_type=cell["compression"],
+                connections_per_broker=args.connections_per_broker,
             )
             producer.send(TOPIC, b"warm-up").result(timeout=30)  # metadata known
             spec["handle"] = producer.handle
@@ -495,6 +503,7 @@ def _ceiling(
     records: int,
     headers: int = 0,
     broker_pid: int | None = None,
+    sockets: int = 1,
 ) -> dict[str, Any]:
     from shmprod.protocol.compression import LZ4, NONE
     from shmprod.protocol.messages.codec import decode_response, encode_produce_request
@@ -523,18 +532,25 @@ def _ceiling(
             settings=BatchSettings(codec),
         )
         parts.append(PartitionProduceData(index=p, records=batch))
-    req = ProduceRequest(
-        acks=-1, timeout_ms=30_000, topic_data=[TopicProduceData(name=TOPIC, partition_data=parts)]
-    )
-    frame = bytearray(encode_produce_request(req, PRODUCE_VERSION, 0, "bench-ceiling"))
-    n_requests = max(1, records // (per_batch * PARTITIONS))
+    # one request shape per socket: socket k carries the partitions p with p % sockets
+    # == k, as the sender's connections_per_broker keeps a partition on one connection
+    frames = []
+    for k in range(sockets):
+        req = ProduceRequest(
+            acks=-1,
+            timeout_ms=30_000,
+            topic_data=[TopicProduceData(name=TOPIC, partition_data=parts[k::sockets])],
+        )
+        frames.append(bytearray(encode_produce_request(req, PRODUCE_VERSION, 0, "bench-ceiling")))
+    n_requests = max(1, records // (per_batch * PARTITIONS))  # on each socket
     host, port = bootstrap.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    buf = bytearray()
+    socks = [socket.create_connection((host, int(port))) for _ in range(sockets)]
+    for sock in socks:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buffers = [bytearray() for _ in range(sockets)]
 
-    def read_one() -> None:
-        nonlocal buf
+    def read_one(k: int) -> None:
+        sock, buf = socks[k], buffers[k]
         while True:
             if len(buf) >= 4:
                 n = int.from_bytes(buf[:4], "big")
@@ -552,31 +568,55 @@ def _ceiling(
                 raise RuntimeError("ceiling: the broker closed the connection")
             buf += chunk
 
-    frame[8:12] = (0).to_bytes(4, "big")  # the warm-up request, before the clock
-    sock.sendall(frame)
-    read_one()
-    warm = per_batch * PARTITIONS
-    with Watch(int(port)) as watch:
-        watch.pids.add(os.getpid())
-        watch.baseline()
-        c0 = time.process_time()
-        b0 = _cpu(broker_pid)
-        t0 = time.perf_counter()
+    def replay(k: int) -> None:
+        """Socket k's requests, IN_FLIGHT at a time."""
+        sock, frame = socks[k], frames[k]
         inflight = 0
         for i in range(n_requests):
             frame[8:12] = (i + 1).to_bytes(4, "big")  # correlation id
             sock.sendall(frame)
             inflight += 1
             if inflight >= IN_FLIGHT:
-                read_one()
+                read_one(k)
                 inflight -= 1
         while inflight:
-            read_one()
+            read_one(k)
             inflight -= 1
+
+    for k in range(sockets):  # the warm-up requests, before the clock
+        frames[k][8:12] = (0).to_bytes(4, "big")
+        socks[k].sendall(frames[k])
+        read_one(k)
+    warm = per_batch * PARTITIONS
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            replay(k)
+        except BaseException as exc:  # reported after the clock
+            errors.append(exc)
+
+    with Watch(int(port)) as watch:
+        watch.pids.add(os.getpid())
+        watch.baseline()
+        c0 = time.process_time()
+        b0 = _cpu(broker_pid)
+        t0 = time.perf_counter()
+        if sockets == 1:
+            replay(0)
+        else:  # a thread per socket: each waits on its own socket, the GIL let go
+            threads = [threading.Thread(target=run, args=(k,)) for k in range(sockets)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         t1 = time.perf_counter()
         c1 = time.process_time()
         b1 = _cpu(broker_pid)
-    sock.close()
+    for sock in socks:
+        sock.close()
+    if errors:
+        raise errors[0]
     sent = n_requests * per_batch * PARTITIONS
     landed = count_back(bootstrap, sent + warm) - warm
     if landed != sent:
@@ -590,10 +630,10 @@ def _ceiling(
         **_broker_cpu(b1 - b0, t1 - t0, nbytes),
         "peak_mb": 0.0,
         "producer_mb": 0.0,
-        "connections": 1,
+        "connections": sockets,
         "sent": sent,
         "records_per_batch": float(per_batch),
-        "batches_per_request": float(PARTITIONS),
+        "batches_per_request": PARTITIONS / sockets,
     }
 
 
@@ -772,6 +812,12 @@ def main(argv: list[str] | None = None) -> int:
         "(memory under back-pressure)",
     )
     parser.add_argument(
+        "--connections-per-broker",
+        type=_number(int, 1),
+        default=1,
+        help="shmprod's connections_per_broker, and the ceiling's sockets (1)",
+    )
+    parser.add_argument(
         "--mb", type=_number(int, 1), default=250, help="MB of keys and values per run, 1 KB"
     )
     parser.add_argument(
@@ -935,6 +981,7 @@ def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
         "max_seconds": args.max_seconds,
         "headers": args.headers,
         "stall_broker_s": args.stall_broker,
+        "connections_per_broker": args.connections_per_broker,
         "partitions": PARTITIONS,
         "linger_ms": LINGER_MS,
         "python": sys.version.split()[0],
@@ -1004,6 +1051,13 @@ def _markdown(
                 f"{STALL_AFTER_S:g} s after the barrier of every run: every client buffers what "
                 "it is sent meanwhile, up to its own limits (records/s count the stall)."
                 if meta.get("stall_broker_s")
+                else ""
+            )
+            + (
+                f" shmprod's producers open {meta['connections_per_broker']} connections to the "
+                "broker (`connections_per_broker`), and the ceiling replays its requests over as "
+                "many sockets, each with its share of the partitions."
+                if meta.get("connections_per_broker", 1) > 1
                 else ""
             )
             + "\n\n"

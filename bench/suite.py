@@ -398,13 +398,9 @@ def _broker_kernel(
 
 def _steal_s() -> float | None:
     """Seconds of CPU this (virtual) machine's cores were ready to run but the host ran
-    something else, summed over the cores, from ``/proc/stat`` (None: not readable)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK")  # cpu user nice ... steal
-    except (OSError, IndexError, ValueError):
-        return None
+    something else, summed over the cores (None where the system does not count it)."""
+    steal = getattr(psutil.cpu_times(), "steal", None)
+    return None if steal is None else float(steal)
 
 
 def _host_reported_mb() -> float | None:

@@ -31,6 +31,11 @@ worker stops at its share or after ``--max-seconds`` (the slow clients would oth
 take minutes); the rate counts what was sent. Then send-to-acknowledgement latency,
 p50/p99, at a moderate fixed rate.
 
+``--connections-per-broker N`` gives shmprod's producers N connections to the broker, and
+measures the ceiling again over N sockets at once (``ceiling over N sockets``, partition
+p on socket p % N, as the sender keeps a partition on one connection); the ceiling the
+fractions are of stays the one-socket replay.
+
 ``--headers N`` gives every record N headers with an 8-byte value that differs per record
 (the per-record kinds and the ceiling only).
 
@@ -75,6 +80,18 @@ LINGER_MS = 5
 CEILING = "ceiling"
 BASELINE = "confluent-kafka produce"
 KINDS = list(_peers.KINDS)
+
+
+def _is_ceiling(kind: str) -> bool:
+    """The ceiling over one socket, or over several (``_wide_ceiling``)."""
+    return kind == CEILING or kind.startswith(CEILING + " ")
+
+
+def _wide_ceiling(sockets: int) -> str:
+    """The kind of the ceiling replayed over ``sockets`` sockets at once."""
+    return f"{CEILING} over {sockets} sockets"
+
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -239,14 +256,14 @@ def measure(
     reported = [_host_reported_mb()]
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
-        if kind == CEILING:
+        if _is_ceiling(kind):
             return _ceiling(
                 broker.bootstrap,
                 cell,
                 cell["records"],
                 args.headers,
                 broker.pid,
-                args.connections_per_broker,
+                1 if kind == CEILING else args.connections_per_broker,
             )
         producer = None
         sender_pid = None
@@ -811,7 +828,8 @@ def main(argv: list[str] | None = None) -> int:
         "--connections-per-broker",
         type=_number(int, 1),
         default=1,
-        help="shmprod's connections_per_broker, and the ceiling's sockets (1)",
+        help="shmprod's connections_per_broker (1); above 1 the ceiling is also measured "
+        "over as many sockets",
     )
     parser.add_argument(
         "--mb", type=_number(int, 1), default=250, help="MB of keys and values per run, 1 KB"
@@ -856,6 +874,13 @@ def main(argv: list[str] | None = None) -> int:
     # 0.66-0.70 at 0.5 M records, 0.82-1.01 at 2 M; the broker holds 2 M at an unchanged
     # rate)
     cells = _cells(args)
+    # the ceiling is over one socket; with more connections per broker it is measured
+    # again over as many sockets, each with its share of the partitions
+    ceilings = []
+    if CEILING in kinds:
+        ceilings.append(CEILING)
+        if args.connections_per_broker > 1:
+            ceilings.append(_wide_ceiling(args.connections_per_broker))
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["numpy", "pyarrow", "_peers", "shmprod", "confluent_kafka"])
@@ -867,17 +892,17 @@ def main(argv: list[str] | None = None) -> int:
     for cell in cells:
         runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for rep in range(args.repeat):
-            if CEILING in kinds:
-                r = measure(ctx, CEILING, cell, 1, args)
-                runs.setdefault((CEILING, 0), []).append(r)
+            for ceiling_kind in ceilings:
+                r = measure(ctx, ceiling_kind, cell, 1, args)
+                runs.setdefault((ceiling_kind, 0), []).append(r)
                 print(
-                    f"[{_cell_name(cell)}] run {rep + 1} {CEILING:<31} {r['records_per_s']:>12,.0f} rec/s  "
+                    f"[{_cell_name(cell)}] run {rep + 1} {ceiling_kind:<31} {r['records_per_s']:>12,.0f} rec/s  "
                     f"broker {r['broker_cores']:.2f} cores",
                     flush=True,
                 )
             for procs in procs_list:
                 for kind in kinds:
-                    if kind == CEILING:
+                    if _is_ceiling(kind):
                         continue
                     t_run = time.monotonic()
                     r = measure(ctx, kind, cell, procs, args)
@@ -1051,8 +1076,10 @@ def _markdown(
             )
             + (
                 f" shmprod's producers open {meta['connections_per_broker']} connections to the "
-                "broker (`connections_per_broker`), and the ceiling replays its requests over as "
-                "many sockets, each with its share of the partitions."
+                "broker (`connections_per_broker`). The ceiling is over one socket, as always, "
+                f"and `{_wide_ceiling(meta['connections_per_broker'])}` replays the same "
+                "requests over that many sockets at once, each with its share of the partitions "
+                "(its of-ceiling is its ratio to the one-socket ceiling)."
                 if meta.get("connections_per_broker", 1) > 1
                 else ""
             )
@@ -1072,11 +1099,10 @@ def _markdown(
         )
         for cell in cells:
             fh.write(f"## {cell}\n\n")
-            ceil = [r for r in rows if r["cell"] == cell and r["kind"] == CEILING]
-            if ceil:
-                c = ceil[0]
+            for c in (r for r in rows if r["cell"] == cell and _is_ceiling(r["kind"])):
+                name = "Ceiling" if c["kind"] == CEILING else c["kind"].capitalize()
                 fh.write(
-                    f"Ceiling: {c['records_per_s']:,.0f} records/s ({c['mb_per_s']:.0f} MB/s; "
+                    f"{name}: {c['records_per_s']:,.0f} records/s ({c['mb_per_s']:.0f} MB/s; "
                     f"{c['low']:,.0f} - {c['high']:,.0f}); the broker "
                     f"{c['broker_cpu_s_per_gb']:.1f} CPU s/GB, {c['broker_cores']:.2f} cores.\n\n"
                 )
@@ -1086,7 +1112,7 @@ def _markdown(
             )
             for procs in procs_list:
                 for r in rows:
-                    if r["cell"] != cell or r["procs"] != procs or r["kind"] == CEILING:
+                    if r["cell"] != cell or r["procs"] != procs or _is_ceiling(r["kind"]):
                         continue
                     fh.write(
                         f"| {procs} | {r['kind']} | {r['records_per_s']:,.0f} | {r['low']:,.0f} - {r['high']:,.0f} | "
@@ -1149,8 +1175,14 @@ def _summary(
         f"| cell | ceiling rec/s (broker cores) | {head} |",
         f"|---|---:|{bar}|",
     ]
+    wide = [k for k in dict.fromkeys(r["kind"] for r in rows) if k.startswith(CEILING + " ")]
     for cell in cells:
         c = by.get((cell, CEILING, 0))
+        more = "".join(
+            f"; {k.removeprefix(CEILING + ' ')}: {w['records_per_s']:,.0f} ({w['broker_cores']:.2f})"
+            for k in wide
+            if (w := by.get((cell, k, 0)))
+        )
         vals = " | ".join(
             " / ".join(
                 ratio(cell, k, p, "of_ceiling")
@@ -1159,7 +1191,7 @@ def _summary(
             for p in procs_list
         )
         out.append(
-            f"| {cell} | {c['records_per_s']:,.0f} ({c['broker_cores']:.2f}) | {vals} |"
+            f"| {cell} | {c['records_per_s']:,.0f} ({c['broker_cores']:.2f}){more} | {vals} |"
             if c
             else f"| {cell} | - | {vals} |"
         )
@@ -1207,7 +1239,7 @@ def _chart(path: str, rows: list[dict[str, Any]], procs_list: list[int]) -> None
     cols = 4 if len(cells) > 4 else len(cells)
     nrows = (len(cells) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
-    kinds = list(dict.fromkeys(r["kind"] for r in rows if r["kind"] != CEILING))
+    kinds = list(dict.fromkeys(r["kind"] for r in rows if not _is_ceiling(r["kind"])))
     for ax, cell in zip(axes.flat, cells, strict=False):
         for kind in kinds:
             pts = sorted(
@@ -1217,10 +1249,12 @@ def _chart(path: str, rows: list[dict[str, Any]], procs_list: list[int]) -> None
             )
             if pts:
                 ax.plot([p for p, _ in pts], [v / 1000 for _, v in pts], marker="o", label=kind)
-        ceil = [r for r in rows if r["cell"] == cell and r["kind"] == CEILING]
-        if ceil:
+        for c in (r for r in rows if r["cell"] == cell and _is_ceiling(r["kind"])):
             ax.axhline(
-                ceil[0]["records_per_s"] / 1000, color="black", linestyle="--", label="ceiling"
+                c["records_per_s"] / 1000,
+                color="black",
+                linestyle="--" if c["kind"] == CEILING else ":",
+                label=c["kind"],
             )
         ax.set_title(cell, fontsize=9)
         ax.set_xscale("log", base=2)

@@ -72,7 +72,7 @@ import _peers
 
 from shmprod import Producer
 from shmprod.broker import EmbeddedBroker
-from shmprod.config import ProducerConfig
+from shmprod.config import DEFAULT_CONNECTIONS_PER_BROKER, ProducerConfig
 
 TOPIC = "bench"
 PARTITIONS = 12
@@ -827,9 +827,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--connections-per-broker",
         type=_number(int, 1),
-        default=1,
-        help="shmprod's connections_per_broker (1); above 1 the ceiling is also measured "
-        "over as many sockets",
+        default=DEFAULT_CONNECTIONS_PER_BROKER,
+        help=f"shmprod's connections_per_broker ({DEFAULT_CONNECTIONS_PER_BROKER}, its "
+        "default); above 1 the ceiling is also measured over as many sockets",
     )
     parser.add_argument(
         "--mb", type=_number(int, 1), default=250, help="MB of keys and values per run, 1 KB"

@@ -16,14 +16,14 @@ names (``"bootstrap.servers"``, ``"linger.ms"``). An unknown or ill-typed option
 | max_block_ms | 60000 | max.block.ms (60000) |
 | compression_type | "none" | compression.type (none) |
 | compression_level | None | compression.{gzip,lz4,zstd}.level |
-| max_request_size | 8388608 | max.request.size (1 MiB): the host's one connection per broker carries every process's batches, and bigger requests cut the broker's per-request cost; it also bounds one record (the broker refuses a batch above the topic's max.message.bytes with MESSAGE_TOO_LARGE) |
+| max_request_size | 8388608 | max.request.size (1 MiB): the host's few connections per broker carry every process's batches, and bigger requests cut the broker's per-request cost; it also bounds one record (the broker refuses a batch above the topic's max.message.bytes with MESSAGE_TOO_LARGE) |
 | request_timeout_ms | 30000 | request.timeout.ms (30000) |
 | delivery_timeout_ms | 120000 | delivery.timeout.ms (120000) |
 | retries | 2147483647 | retries (MAX_INT) |
 | retry_backoff_ms | 100 | retry.backoff.ms (100) |
 | retry_backoff_max_ms | 1000 | retry.backoff.max.ms (1000) |
 | max_in_flight_requests_per_connection | 5 | max.in.flight.requests.per.connection (5) |
-| connections_per_broker | 1 | none (Java: one per broker): the host's connections to each broker; each partition's requests stay on one of them, so its order and sequence numbers are kept. A broker works one connection's requests one at a time, so the whole host's traffic over one connection is capped by that |
+| connections_per_broker | 2 | none (Java: one per broker): the host's connections to each broker; each partition's requests stay on one of them (partition slot p on connection p % n), so its order and sequence numbers are kept. A broker works one connection's requests one at a time, so one connection caps the whole host's traffic at what the broker does on one core, where one producer per process would have had a connection each; 1 is Java's layout |
 | enable_idempotence | True | enable.idempotence (true) |
 | metadata_max_age_ms | 300000 | metadata.max.age.ms (300000) |
 | partitioner | "murmur2" | partitioner.class (built-in murmur2 + sticky) |
@@ -68,8 +68,9 @@ SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SECRET_OPTIONS: Final = ("ssl_password", "sasl_plain_password")
 REDACTED: Final = "[redacted]"
-MAX_CONNECTIONS_PER_BROKER: Final = 16  # connections_per_broker's bound
 """What a secret option holds in the configuration handed to workers."""
+MAX_CONNECTIONS_PER_BROKER: Final = 16  # connections_per_broker's bound
+DEFAULT_CONNECTIONS_PER_BROKER: Final = 2  # its default (its row in the table says why)
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class ProducerConfig:
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 1000
     max_in_flight_requests_per_connection: int = 5
-    connections_per_broker: int = 1
+    connections_per_broker: int = DEFAULT_CONNECTIONS_PER_BROKER
     enable_idempotence: bool = True
     metadata_max_age_ms: int = 300_000
     partitioner: Any = "murmur2"

@@ -56,9 +56,14 @@ def test_delivers_batches_with_base_offsets(broker: EmbeddedBroker, topic_name: 
     assert [r.offset for r in got[0]] == list(range(15))
 
 
-def test_several_partitions_share_one_request(broker: EmbeddedBroker, topic_name: str) -> None:
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_several_partitions_share_one_request_per_connection(
+    broker: EmbeddedBroker, topic_name: str, lanes: int
+) -> None:
+    """One request a connection carries every ready partition of it: with one connection
+    per broker one request, with two one per connection (partition slot p on p % 2)."""
     broker.create_topic(topic_name, 4)
-    with running(broker) as (owner, w):
+    with running(broker, connections_per_broker=lanes) as (owner, w):
         base, n = w.topic(topic_name)
         assert n == 4
         grant = w.alloc(count=4)
@@ -74,7 +79,7 @@ def test_several_partitions_share_one_request(broker: EmbeddedBroker, topic_name
         w.send(*msgs)  # one write: the sender reads all four before it drains
         dones = [w.done(bid) for bid in ids]
         assert all(d.error == 0 and d.base_offset == 0 for d in dones), dones
-        assert owner.stat(L.S_REQUESTS_SENT) - before == 1
+        assert owner.stat(L.S_REQUESTS_SENT) - before == lanes
         shutdown(owner, w)
     got = consume_all(broker.bootstrap, topic_name, 4, 3 + 4 + 5 + 6, timeout_s=20)
     for p in range(4):

@@ -31,8 +31,9 @@ worker stops at its share or after ``--max-seconds`` (the slow clients would oth
 take minutes); the rate counts what was sent. Then send-to-acknowledgement latency,
 p50/p99, at a moderate fixed rate.
 
-``--connections-per-broker N`` gives shmprod's producers N connections to the broker, and
-measures the ceiling again over N sockets at once (``ceiling over N sockets``, partition
+``--connections-per-broker N`` gives shmprod's producers N connections to the broker (the
+library's default, 2, without it), and with N above 1 measures the ceiling again over N
+sockets at once (``ceiling over N sockets``, partition
 p on socket p % N, as the sender keeps a partition on one connection); the ceiling the
 fractions are of stays the one-socket replay.
 

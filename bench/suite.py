@@ -81,6 +81,7 @@ LINGER_MS = 5
 CEILING = "ceiling"
 BASELINE = "confluent-kafka produce"
 KINDS = list(_peers.KINDS)
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def _is_ceiling(kind: str) -> bool:
@@ -91,9 +92,6 @@ def _is_ceiling(kind: str) -> bool:
 def _wide_ceiling(sockets: int) -> str:
     """The kind of the ceiling replayed over ``sockets`` sockets at once."""
     return f"{CEILING} over {sockets} sockets"
-
-
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 # ---------------------------------------------------------------------------------
@@ -1176,7 +1174,7 @@ def _summary(
         f"| cell | ceiling rec/s (broker cores) | {head} |",
         f"|---|---:|{bar}|",
     ]
-    wide = [k for k in dict.fromkeys(r["kind"] for r in rows) if k.startswith(CEILING + " ")]
+    wide = [k for k in dict.fromkeys(r["kind"] for r in rows) if _is_ceiling(k) and k != CEILING]
     for cell in cells:
         c = by.get((cell, CEILING, 0))
         more = "".join(

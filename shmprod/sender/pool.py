@@ -25,7 +25,8 @@ Allocation policy (documented contract):
   worker short of buffers claims one by swapping its DESCRIPTOR word from SPARE to
   GRANTED by its slot (an atomic compare-and-swap: one claimer wins) and tells the
   sender with ``Claimed`` before it seals the buffer; a flush never waits for a Grant
-  while spares last, however late the sender runs. The sender takes its spares back the same way (SPARE to FREE)
+  while spares last, however late the sender runs (a flush of runs of several buffers
+  takes adjacent ones while it finds them). The sender takes its spares back the same way (SPARE to FREE)
   before a request would wait, so the FIFO above holds: no spare exists while anyone
   waits. A spare whose swap back fails was claimed; it is the claimer's once its
   ``Claimed`` is read, or freed when that worker goes without sending it.

@@ -12,7 +12,11 @@ refill asked was late or unread: each flush now asks for what the lease lacks, a
 a Grant already in the control socket. One wait of 10.5 ms, in a CI run, came from a
 sender that got no CPU for several flushes: a flush short of its lease now claims the
 sender's spare buffers from shared memory, without a round trip; see
-test_spare_buffers.py.)
+test_spare_buffers.py. One wait of 11.7 ms, in a later CI run, and one in 6 of 24 runs
+whose processes started up to 1 s apart, came from a flush whose batches took two
+buffers each (a process's staged records beyond one buffer): its stock held 9 of the 11
+adjacent pairs it needed, and spares served single buffers only. Spares now make runs
+too.)
 (Before records were staged per process, 2 processes made 10,834 batches for 20,000
 records: each new batch waited for a buffer, so few records came within linger_ms.)
 """

@@ -64,6 +64,48 @@ def test_flushes_claim_spares_while_the_sender_cannot_run(fresh_broker: Embedded
     assert values == expected
 
 
+RUN_PARTITIONS = 4
+RUN_ROUNDS = 6  # 24 batches of two buffers: 48, past the 32 of the first lease
+RUN_RECORDS = 200  # 1 KB each: 200 KB a batch, more than one 128 KiB buffer
+
+
+def test_flushes_of_batches_longer_than_a_buffer_claim_spares_as_runs(
+    fresh_broker: EmbeddedBroker,
+) -> None:
+    topic = f"spare-runs-{os.getpid()}"
+    fresh_broker.create_topic(topic, RUN_PARTITIONS)
+    value = b"v" * 1000
+    assert (
+        2 * L.BUFFER_UNIT_MAX > RUN_RECORDS * len(value) > L.BUFFER_UNIT_MAX
+    )  # the default buffer
+    with Producer(bootstrap_servers=fresh_broker.bootstrap, linger_ms=5) as p:
+        p.send(topic, b"warm", partition=0).result(30)
+        time.sleep(0.1)  # the lease asked after that flush has come
+        before = p.stats()["batching"]
+        futs = []
+        os.kill(p.sender_pid, signal.SIGSTOP)
+        try:
+            for r in range(RUN_ROUNDS):
+                futs += [
+                    p.send(topic, value, key=b"r%d-%d" % (r, i), partition=q)
+                    for q in range(RUN_PARTITIONS)
+                    for i in range(RUN_RECORDS)
+                ]
+                time.sleep(0.05)  # linger expires: the I/O thread hands the batches over
+            stopped = p.stats()["batching"]
+        finally:
+            os.kill(p.sender_pid, signal.SIGCONT)
+        p.flush(30)
+        assert all(f.exception(0) is None for f in futs)
+        after = p.stats()
+    assert stopped["buffer_waits"] == before["buffer_waits"], (before, stopped)
+    claimed = stopped["spares_claimed"] - before["spares_claimed"]
+    wanted = 2 * RUN_ROUNDS * RUN_PARTITIONS
+    assert wanted - 32 <= claimed <= 64, (before, stopped)
+    assert after["sender"]["batches_failed"] == 0
+    assert after["sender"]["records_sent"] == 1 + len(futs)
+
+
 def _claim_and_die(handle: Handle, out: Any) -> None:
     w = attach(handle)
     # the claim a flush makes, without the Claimed that follows it

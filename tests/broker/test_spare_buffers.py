@@ -1,9 +1,9 @@
 """Spare buffers through a real producer: a flush claims them from shared memory instead
-of waiting for the sender, and a process that dies holding claims it never announced
-loses nothing of the pool.
+of waiting for the sender, single buffers and runs of adjacent ones alike, and a process
+that dies holding claims it never announced loses nothing of the pool.
 
-The sender is stopped (SIGSTOP) in the first test, so no Grant can come: every flush
-past the lease either claims spares or waits, and the counters say which.
+The sender is stopped (SIGSTOP) in the first two tests, so no Grant can come: every
+flush past the lease either claims spares or waits, and the counters say which.
 """
 
 from __future__ import annotations
@@ -30,80 +30,78 @@ pytestmark = [
 
 PARTITIONS = 12
 ROUNDS = 6  # 72 batches: past the 32 of the first lease, within the 64 spares
+RUN_PARTITIONS = 4
+RUN_ROUNDS = 6  # 24 batches of two buffers: 48, past the 32 of the first lease
+RUN_RECORDS = 200  # 1 KB each: 200 KB a batch, more than one buffer (128 KiB)
+FIRST_LEASE = 32
+SPARES = 64
+
+
+def _send_while_the_sender_is_stopped(
+    broker: EmbeddedBroker, topic: str, rounds: list[list[tuple[bytes, bytes, int]]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Sends each round of (value, key, partition) with the sender stopped (SIGSTOP),
+    linger expiring between rounds; returns the batching stats before the rounds and
+    while the sender was still stopped. Every record must then be delivered."""
+    with Producer(bootstrap_servers=broker.bootstrap, linger_ms=5) as p:
+        p.send(topic, b"warm", partition=0).result(30)
+        time.sleep(0.1)  # the lease asked after that flush has come
+        before = p.stats()["batching"]
+        futs = []
+        os.kill(p.sender_pid, signal.SIGSTOP)
+        try:
+            for records in rounds:
+                futs += [p.send(topic, v, key=k, partition=q) for v, k, q in records]
+                time.sleep(0.05)  # linger expires: the I/O thread hands the batches over
+            stopped = p.stats()["batching"]
+        finally:
+            os.kill(p.sender_pid, signal.SIGCONT)
+        p.flush(30)
+        assert all(f.exception(0) is None for f in futs)
+        assert p.stats()["sender"]["batches_failed"] == 0
+    assert stopped["buffer_waits"] == before["buffer_waits"], (before, stopped)
+    return before, stopped
+
+
+def _landed_values(broker: EmbeddedBroker, topic: str, partitions: int, n: int) -> list[bytes]:
+    landed = consume_all(broker.bootstrap, topic, partitions, n)
+    return sorted(rec.value for recs in landed.values() for rec in recs)
 
 
 def test_flushes_claim_spares_while_the_sender_cannot_run(fresh_broker: EmbeddedBroker) -> None:
     topic = f"spares-{os.getpid()}"
     fresh_broker.create_topic(topic, PARTITIONS)
-    with Producer(bootstrap_servers=fresh_broker.bootstrap, linger_ms=5) as p:
-        p.send(topic, b"warm", partition=0).result(30)
-        time.sleep(0.1)  # the lease asked after that flush has come
-        before = p.stats()["batching"]
-        futs = []
-        os.kill(p.sender_pid, signal.SIGSTOP)
-        try:
-            for r in range(ROUNDS):
-                futs += [
-                    p.send(topic, b"r%d-p%d" % (r, q), key=b"k", partition=q)
-                    for q in range(PARTITIONS)
-                ]
-                time.sleep(0.05)  # linger expires: the I/O thread hands the batches over
-            stopped = p.stats()["batching"]
-        finally:
-            os.kill(p.sender_pid, signal.SIGCONT)
-        p.flush(30)
-        assert all(f.exception(0) is None for f in futs)
-        after = p.stats()
-    assert stopped["buffer_waits"] == before["buffer_waits"], (before, stopped)
+    rounds = [[(b"r%d-p%d" % (r, q), b"k", q) for q in range(PARTITIONS)] for r in range(ROUNDS)]
+    before, stopped = _send_while_the_sender_is_stopped(fresh_broker, topic, rounds)
     claimed = stopped["spares_claimed"] - before["spares_claimed"]
-    assert ROUNDS * PARTITIONS - 32 <= claimed <= ROUNDS * PARTITIONS, (before, stopped)
-    assert after["sender"]["batches_failed"] == 0
-    landed = consume_all(fresh_broker.bootstrap, topic, PARTITIONS, 1 + ROUNDS * PARTITIONS)
-    values = sorted(rec.value for recs in landed.values() for rec in recs)
-    expected = sorted([b"warm"] + [b"r%d-p%d" % (r, q) for r in range(ROUNDS) for q in range(12)])
-    assert values == expected
-
-
-RUN_PARTITIONS = 4
-RUN_ROUNDS = 6  # 24 batches of two buffers: 48, past the 32 of the first lease
-RUN_RECORDS = 200  # 1 KB each: 200 KB a batch, more than one 128 KiB buffer
+    batches = ROUNDS * PARTITIONS
+    assert batches - FIRST_LEASE <= claimed <= batches, (before, stopped)
+    expected = sorted([b"warm"] + [v for records in rounds for v, _, _ in records])
+    assert _landed_values(fresh_broker, topic, PARTITIONS, len(expected)) == expected
 
 
 def test_flushes_of_batches_longer_than_a_buffer_claim_spares_as_runs(
     fresh_broker: EmbeddedBroker,
 ) -> None:
+    """A batch of two buffers takes two adjacent spares: claimed into the stock, the
+    run is taken there, with no Grant asked for."""
+    assert 2 * L.BUFFER_UNIT_MAX > RUN_RECORDS * 1000 > L.BUFFER_UNIT_MAX
     topic = f"spare-runs-{os.getpid()}"
     fresh_broker.create_topic(topic, RUN_PARTITIONS)
-    value = b"v" * 1000
-    assert (
-        2 * L.BUFFER_UNIT_MAX > RUN_RECORDS * len(value) > L.BUFFER_UNIT_MAX
-    )  # the default buffer
-    with Producer(bootstrap_servers=fresh_broker.bootstrap, linger_ms=5) as p:
-        p.send(topic, b"warm", partition=0).result(30)
-        time.sleep(0.1)  # the lease asked after that flush has come
-        before = p.stats()["batching"]
-        futs = []
-        os.kill(p.sender_pid, signal.SIGSTOP)
-        try:
-            for r in range(RUN_ROUNDS):
-                futs += [
-                    p.send(topic, value, key=b"r%d-%d" % (r, i), partition=q)
-                    for q in range(RUN_PARTITIONS)
-                    for i in range(RUN_RECORDS)
-                ]
-                time.sleep(0.05)  # linger expires: the I/O thread hands the batches over
-            stopped = p.stats()["batching"]
-        finally:
-            os.kill(p.sender_pid, signal.SIGCONT)
-        p.flush(30)
-        assert all(f.exception(0) is None for f in futs)
-        after = p.stats()
-    assert stopped["buffer_waits"] == before["buffer_waits"], (before, stopped)
+    rounds = [
+        [
+            (b"%d-%d-%04d-" % (r, q, i) + b"v" * 991, b"r%d" % r, q)
+            for q in range(RUN_PARTITIONS)
+            for i in range(RUN_RECORDS)
+        ]
+        for r in range(RUN_ROUNDS)
+    ]
+    before, stopped = _send_while_the_sender_is_stopped(fresh_broker, topic, rounds)
     claimed = stopped["spares_claimed"] - before["spares_claimed"]
-    wanted = 2 * RUN_ROUNDS * RUN_PARTITIONS
-    assert wanted - 32 <= claimed <= 64, (before, stopped)
-    assert after["sender"]["batches_failed"] == 0
-    assert after["sender"]["records_sent"] == 1 + len(futs)
+    buffers = 2 * RUN_ROUNDS * RUN_PARTITIONS
+    assert buffers - FIRST_LEASE <= claimed <= SPARES, (before, stopped)
+    expected = sorted([b"warm"] + [v for records in rounds for v, _, _ in records])
+    assert _landed_values(fresh_broker, topic, RUN_PARTITIONS, len(expected)) == expected
 
 
 def _claim_and_die(handle: Handle, out: Any) -> None:

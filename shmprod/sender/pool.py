@@ -26,9 +26,9 @@ Allocation policy (documented contract):
   GRANTED by its slot (an atomic compare-and-swap: one claimer wins) and tells the
   sender with ``Claimed`` before it seals the buffer; a flush never waits for a Grant
   while spares last, however late the sender runs (a flush of runs of several buffers
-  takes adjacent ones while it finds them). The sender takes its spares back the same way (SPARE to FREE)
-  before a request would wait, so the FIFO above holds: no spare exists while anyone
-  waits. A spare whose swap back fails was claimed; it is the claimer's once its
+  takes adjacent ones while it finds them). The sender takes its spares back the same
+  way (SPARE to FREE) before a request would wait, so the FIFO above holds: no spare
+  exists while anyone waits. A spare whose swap back fails was claimed; it is the claimer's once its
   ``Claimed`` is read, or freed when that worker goes without sending it.
 
 Grants are tracked per worker connection (``owner``) so a dead worker's unsealed

@@ -512,12 +512,13 @@ class WorkerCore:
 
     def _obtain_locked(self, run: int, count: int, deadline_ns: int, partial: bool) -> list[int]:
         """``count`` granted runs of ``run`` buffers (first buffer of each), from the stock,
-        the sender's spares, or by ``Alloc``; waits at most until ``deadline_ns`` (BufferExhaustedError).
-        ``partial``: single buffers the stock holds are enough, fewer than ``count`` (the
-        caller asks again when it has used them; the refill may have come by then).
-        What the stock gives is asked for again at once, while the caller writes into it,
-        not after its flush. (Measured: a refill asked after one flush came, on a loaded
-        machine, just after the next flush had found the stock short.)
+        the sender's spares, or by ``Alloc``; waits at most until ``deadline_ns``
+        (BufferExhaustedError). ``partial``: single buffers the stock holds are enough,
+        fewer than ``count`` (the caller asks again when it has used them; the refill may
+        have come by then). What the stock gives is asked for again at once, while the
+        caller writes into it, not after its flush. (Measured: a refill asked after one
+        flush came, on a loaded machine, just after the next flush had found the stock
+        short.)
 
         Runs in: worker, state lock held; the lock is released while waiting.
         """

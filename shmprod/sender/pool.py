@@ -28,8 +28,9 @@ Allocation policy (documented contract):
   while spares last, however late the sender runs (a flush of runs of several buffers
   takes adjacent ones while it finds them). The sender takes its spares back the same
   way (SPARE to FREE) before a request would wait, so the FIFO above holds: no spare
-  exists while anyone waits. A spare whose swap back fails was claimed; it is the claimer's once its
-  ``Claimed`` is read, or freed when that worker goes without sending it.
+  exists while anyone waits. A spare whose swap back fails was claimed; it is the
+  claimer's once its ``Claimed`` is read, or freed when that worker goes without
+  sending it.
 
 Grants are tracked per worker connection (``owner``) so a dead worker's unsealed
 buffers come back (:meth:`BufferPool.reclaim`).

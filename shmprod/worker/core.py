@@ -534,11 +534,8 @@ class WorkerCore:
                 with contextlib.suppress(ShmprodError):
                     self._replenish_locked()
                 return got
-        elif run > 1 and len(self._stock) >= run:
+        elif run > 1:
             got = self._stock_runs_locked(run, count)
-            if len(got) == count:
-                return got
-        if run > 1:
             got += self._spare_runs_locked(run, count - len(got))
             if len(got) == count:
                 return got

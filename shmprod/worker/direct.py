@@ -8,7 +8,11 @@ or the data buffers of the chunks of held ``send_batch`` calls -- into the grant
 buffer. One copy of each key and value, where joining lists
 into columns, reordering them by partition (Arrow ``take``) and encoding a records
 section copied them four times (ARCHITECTURE.md, "Rows written straight into the
-pool"). With a codec the records go to a scratch section that the codec compresses.
+pool"). With a codec the records go to a scratch section that the codec compresses;
+with lz4, after a batch that stored every block as is (incompressible rows), the next
+batch's records are written where its frame goes, and stay there as one stored block
+when they are incompressible too (:func:`shmprod.protocol.compression.lz4_frame_in_place`:
+no copy out of the scratch section).
 
 Rows with their own headers carry their encoded sections (one per row: made at
 ``send()``, or by ``send_batch`` for its per-row headers); otherwise every row of a call
@@ -31,10 +35,18 @@ import numpy.typing as npt
 from shmprod import speedups
 from shmprod.errors import EncodeError
 from shmprod.protocol.columns import arrow_buffers
-from shmprod.protocol.compression import NONE
+from shmprod.protocol.compression import (
+    LZ4,
+    LZ4_SECTION_OFFSET,
+    NONE,
+    compress_bound,
+    lz4_frame_in_place,
+    lz4_stored_whole,
+)
 from shmprod.protocol.records import (
     HEADER_SIZE,
     PLAIN,
+    RECORDS,
     BatchSettings,
     Header,
     encode_headers,
@@ -57,6 +69,11 @@ _C_ERRORS = (ValueError, TypeError, OverflowError, IndexError)
 # sections up to this size are encoded, before compression, in one bytearray per thread
 _SCRATCH_MAX: Final = 1 << 20
 _scratch = threading.local()
+# per thread: whether its last lz4 batch stored every block as is (then the next one is
+# encoded in place). One flag per thread, not per topic: a thread that alternates
+# incompressible and compressible rows copies a section out (and tries its first block
+# twice) at each change to compressible ones.
+_lz4_incompressible = threading.local()
 
 
 def _section(n: int) -> memoryview:
@@ -192,11 +209,17 @@ class DirectBatch:
     ) -> int:
         """Writes the whole batch at ``buf[offset:]``, CRC last; returns its end offset
         (EncodeError when it does not fit)."""
+        n = self.section_size
+        lz4 = settings.compression == LZ4
+        if lz4 and getattr(_lz4_incompressible, "last", False):
+            frame = buf[offset + RECORDS : offset + RECORDS + compress_bound(LZ4, n)]
+            if len(frame) == compress_bound(LZ4, n):
+                return self._write_lz4_in_place(buf, offset, frame, settings)
         if settings.compression != NONE:
-            section = _section(self.section_size)
-            if self._encode(section, 0) != self.section_size:  # a changed source: never
+            section = _section(n)
+            if self._encode(section, 0) != n:  # a changed source: never
                 raise EncodeError("rows changed while they were encoded")
-            return write_batch(
+            end = write_batch(
                 buf,
                 offset,
                 section,
@@ -205,6 +228,9 @@ class DirectBatch:
                 max_timestamp_ms=self.max_timestamp_ms,
                 settings=settings,
             )
+            if lz4:
+                _lz4_incompressible.last = lz4_stored_whole(n, end - offset - RECORDS)
+            return end
         if len(buf) - offset < HEADER_SIZE + self.section_size:
             raise EncodeError(
                 f"batch of {HEADER_SIZE + self.section_size} bytes does not fit in "
@@ -213,6 +239,23 @@ class DirectBatch:
         end = self._encode(buf, offset + HEADER_SIZE)
         if end != offset + HEADER_SIZE + self.section_size:  # a changed source: never
             raise EncodeError("rows changed while they were encoded")
+        return self._seal(buf, offset, end, settings)
+
+    def _write_lz4_in_place(
+        self, buf: memoryview, offset: int, frame: memoryview, settings: BatchSettings
+    ) -> int:
+        """The records encoded where an lz4 frame of them goes (``frame``: the room
+        after the header, ``compress_bound`` bytes), then made that frame in place."""
+        n = self.section_size
+        start = offset + RECORDS + LZ4_SECTION_OFFSET
+        if self._encode(buf, start) != start + n:  # a changed source: never
+            raise EncodeError("rows changed while they were encoded")
+        length = lz4_frame_in_place(frame, n, settings.level)
+        _lz4_incompressible.last = lz4_stored_whole(n, length)
+        return self._seal(buf, offset, offset + RECORDS + length, settings)
+
+    def _seal(self, buf: memoryview, offset: int, end: int, settings: BatchSettings) -> int:
+        """The batch header for records ending at ``end``, CRC last; returns ``end``."""
         write_batch_header(
             buf,
             offset,

@@ -14,12 +14,14 @@ import random
 import pyarrow as pa
 import pytest
 
+from shmprod import speedups
 from shmprod.broker import EmbeddedBroker
 from shmprod.connection import BrokerConnection
 from shmprod.partitioner import partition_for_key
 from shmprod.protocol import compression as codecs
-from shmprod.protocol.records import BatchSettings, NewRecord, encode_batch
+from shmprod.protocol.records import HEADER_SIZE, BatchSettings, NewRecord, encode_batch
 from shmprod.protocol.vectorized import encode_columns
+from shmprod.worker.direct import Source, plan
 from tests.support.readback import consume_all
 
 pytestmark = pytest.mark.broker
@@ -125,3 +127,41 @@ def test_confluent_reads_what_shmprod_wrote(
             assert g.value == rec.value
             assert list(g.headers) == [(k, v) for k, v in rec.headers]
             assert g.timestamp_ms == rec.timestamp_ms
+
+
+@pytest.mark.skipif(not speedups.ACCELERATED, reason="the C extension is not in use")
+def test_confluent_reads_lz4_frames_of_one_stored_block_of_every_size(
+    broker: EmbeddedBroker, topic_name: str
+) -> None:
+    """Incompressible rows a worker writes straight into the pool after another such
+    batch stay where they are as one stored lz4 block; the frame header names the
+    smallest maximum block size that holds them (64 KiB, 256 KiB, 1 MiB, 4 MiB). A
+    reader we did not write must take each of the four."""
+    rng = random.Random("one-block")
+    counts = {0: 40, 1: 200, 2: 900, 3: 3000}  # 1 KB rows: ~41 KB, 206 KB, 925 KB, 3 MB
+    lz4 = BatchSettings(codecs.LZ4)
+    batches: dict[tuple[str, int], bytes] = {}
+    sent: dict[int, list[tuple[bytes, bytes, int]]] = {}
+    for p, n in counts.items():
+        rows = [(rng.randbytes(16), rng.randbytes(1000), 1_700_000_000_000 + i) for i in range(n)]
+        keys, values, stamps = (list(c) for c in zip(*rows, strict=True))
+        ((_, batch),) = plan(Source(values, keys, stamps, b"\x00"), None, [(p, 0, n)], 1 << 23)
+        buf = bytearray(HEADER_SIZE + codecs.compress_bound(codecs.LZ4, batch.section_size))
+        batch.write_into(memoryview(buf), 0, settings=lz4)  # stored: the next goes in place
+        end = batch.write_into(memoryview(buf), 0, settings=lz4)
+        frame = bytes(buf[HEADER_SIZE:end])
+        assert frame[5] == (0x40, 0x50, 0x60, 0x70)[p]
+        assert len(frame) == batch.section_size + 15  # one stored block
+        batches[(topic_name, p)] = bytes(buf[:end])
+        sent[p] = rows
+    with BrokerConnection(broker.host, broker.port) as conn:
+        assert conn.create_topics({topic_name: len(counts)}) == {topic_name: 0}
+        resp = conn.produce(batches)
+        assert resp is not None
+        for t in resp.responses:
+            for pr in t.partition_responses:
+                assert (pr.error_code, pr.base_offset) == (0, 0), pr
+    landed = consume_all(broker.bootstrap, topic_name, len(counts), sum(counts.values()))
+    for p, rows in sent.items():
+        got = [(g.key, g.value, g.timestamp_ms, g.offset) for g in landed[p]]
+        assert got == [(k, v, ts, i) for i, (k, v, ts) in enumerate(rows)], f"partition {p}"

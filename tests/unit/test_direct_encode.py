@@ -198,6 +198,50 @@ def test_compressed_batches_decode_to_the_rows(case: Any) -> None:
         assert got == [(keys[r], values[r], ts[r], list(headers[r])) for r in rows_]
 
 
+def test_lz4_rows_after_an_incompressible_batch_are_framed_where_they_are_written() -> None:
+    """After a batch whose lz4 frame stored every block, the next batch's rows are
+    encoded where its frame goes: incompressible, they stay as one stored block (the
+    frame's maximum block size the smallest that holds them); compressible, they are
+    compressed as any section is, and the batch after goes through the scratch section
+    again. Every batch decodes to its rows, whichever way it went."""
+    rng = np.random.default_rng(4)
+    noise = [rng.bytes(1000) for _ in range(300)]
+    text = [b"repeat after me " * 60 for _ in range(300)]
+    lz4 = BatchSettings(LZ4)
+
+    def one(values: list[bytes]) -> bytes:
+        keys = [str(i).encode() for i in range(len(values))]
+        ts = list(range(1_700_000_000_000, 1_700_000_000_000 + len(values)))
+        source = Source(values, keys, ts, b"\x00")
+        ((_, batch),) = plan(source, None, [(0, 0, len(values))], 1 << 22)
+        buf = bytearray(HEADER_SIZE + batch.section_size + 1024)
+        end = batch.write_into(memoryview(buf), 0, settings=lz4)
+        (decoded,) = decode_batches(bytes(buf[:end]))  # the CRC is checked
+        assert [(r.key, r.value, r.timestamp_ms) for r in decoded.records] == list(
+            zip(keys, values, ts, strict=True)
+        )
+        return bytes(buf[HEADER_SIZE:end])
+
+    def blocks(frame: bytes) -> int:
+        pos, count = 7, 0
+        while (word := int.from_bytes(frame[pos : pos + 4], "little")) != 0:
+            pos, count = pos + 4 + (word & 0x7FFFFFFF), count + 1
+        return count
+
+    one(text[:1])  # whatever this thread wrote before: a compressed frame
+    first = one(noise)  # through the scratch section: 64 KiB blocks, all stored
+    assert first[5] == 0x40 and blocks(first) == 5
+    second = one(noise)  # in place: one stored block of 300 KB, so 1 MiB at most
+    assert second[5] == 0x60 and blocks(second) == 1
+    assert len(second) == len(first) - 4 * 4
+    small = one(noise[:50])  # in place again, 50 KB: the 64 KiB frame compress() makes
+    assert small[5] == 0x40 and blocks(small) == 1
+    squeezed = one(text)  # in place, but it compresses
+    assert len(squeezed) < len(text) * len(text[0]) // 10
+    assert one(text) == squeezed  # through the scratch section: the same frame
+    assert blocks(one(noise)) == 5  # stored, through the scratch section once more
+
+
 @settings(max_examples=100, deadline=None)
 @given(rows())
 def test_staged_lengths(case: Any) -> None:

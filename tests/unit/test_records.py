@@ -336,6 +336,109 @@ def test_lz4_stops_trying_after_a_block_that_saves_little(level: int | None) -> 
     assert _lz4_blocks(C.compress(C.LZ4, text[: 3 * block], level)) == [True] * 3
 
 
+def _in_place(data: bytes, level: int | None = None, room: int = 0) -> bytes:
+    """``data`` encoded where its frame goes, then made that frame in place."""
+    out = bytearray(room or C.compress_bound(C.LZ4, len(data)))
+    out[C.LZ4_SECTION_OFFSET : C.LZ4_SECTION_OFFSET + len(data)] = data
+    return bytes(out[: C.lz4_frame_in_place(memoryview(out), len(data), level)])
+
+
+@pytest.mark.parametrize(
+    ("n", "bd"),
+    [
+        (1, 0x40),
+        (64 * 1024, 0x40),
+        (64 * 1024 + 1, 0x50),
+        (256 * 1024, 0x50),
+        (256 * 1024 + 1, 0x60),
+        (1 << 20, 0x60),
+        ((1 << 20) + 1, 0x70),
+        (4 << 20, 0x70),
+    ],
+)
+def test_an_incompressible_section_becomes_one_stored_block_where_it_is(n: int, bd: int) -> None:
+    import lz4.frame
+
+    data = random.Random(n).randbytes(n)
+    frame = _in_place(data)
+    assert len(frame) == n + 15
+    assert frame[4] == 0x60 and frame[5] == bd  # the smallest maximum block size that holds it
+    assert _lz4_blocks(frame) == [False]
+    assert C.decompress(C.LZ4, frame, max_size=n) == data
+    assert lz4.frame.decompress(frame) == data  # liblz4 checks the header checksum
+    # what a reader is told about the frame agrees with its bytes
+    info = lz4.frame.get_frame_info(frame)
+    assert info["block_size"] >= n and not info["block_linked"]
+    if n <= C.LZ4_BLOCK_SIZE:  # one block of at most 64 KiB: what compress() makes too
+        assert frame == C.compress(C.LZ4, data)
+
+
+@pytest.mark.parametrize("level", [None, 4])
+def test_a_section_that_compresses_or_outgrows_one_block_is_framed_as_compress_does(
+    level: int | None,
+) -> None:
+    block = C.LZ4_BLOCK_SIZE
+    rng = random.Random(9)
+    text = b"compress me, I repeat myself " * (20 * block // 29)
+    noise = rng.randbytes(9 * block)
+    cases = [
+        text[: 3 * block],  # compressible from the start
+        noise[: 8 * block] + text[:block],  # the second block tried (the 9th) compresses
+        rng.randbytes((4 << 20) + 1),  # incompressible, but no block holds it
+    ]
+    for data in cases:
+        frame = _in_place(data, level)
+        assert frame == C.compress(C.LZ4, data, level)
+        assert C.decompress(C.LZ4, frame, max_size=len(data)) == data
+    # an untried block that would compress does not stop a stored frame: only the
+    # blocks compress() tries are tried
+    data = noise[:block] + text[:block] + noise[: 6 * block]
+    assert _lz4_blocks(C.compress(C.LZ4, data, level)) == [False] * 8
+    assert _lz4_blocks(_in_place(data, level)) == [False]
+
+
+def test_lz4_in_place_refuses_too_little_room_and_bad_levels() -> None:
+    data = random.Random(1).randbytes(1000)
+    with pytest.raises(CompressionError):
+        _in_place(data, room=C.compress_bound(C.LZ4, 1000) - 1)
+    with pytest.raises(CompressionError):
+        _in_place(data, level=99)
+    assert _in_place(b"") == C.compress(C.LZ4, b"")  # nothing to store: header, end mark
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["noise", "text"]), st.integers(1, 200_000)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sampled_from([None, 3]),
+)
+def test_lz4_in_place_always_decodes_to_its_section(
+    parts: list[tuple[str, int]], level: int | None
+) -> None:
+    rng = random.Random(len(parts))
+    data = b"".join(
+        rng.randbytes(n) if kind == "noise" else (b"abc" * (n // 3 + 1))[:n] for kind, n in parts
+    )
+    frame = _in_place(data, level)
+    assert len(frame) <= C.compress_bound(C.LZ4, len(data))
+    assert C.decompress(C.LZ4, frame, max_size=len(data)) == data
+    # stored whole exactly when it is one stored block (no section here outgrows one)
+    assert C.lz4_stored_whole(len(data), len(frame)) == (_lz4_blocks(frame) == [False])
+
+
+def test_lz4_stored_whole_tells_a_frame_of_stored_blocks_that_one_block_holds() -> None:
+    n = 300_000
+    noise = random.Random(2).randbytes(n)
+    assert C.lz4_stored_whole(n, len(C.compress(C.LZ4, noise)))  # 5 stored blocks
+    assert C.lz4_stored_whole(n, len(_in_place(noise)))  # one
+    assert not C.lz4_stored_whole(n, len(C.compress(C.LZ4, b"a" * n)))
+    big = (4 << 20) + 1
+    assert not C.lz4_stored_whole(big, C.compress_bound(C.LZ4, big))
+
+
 def test_decompress_reads_other_producers_framings() -> None:
     import gzip
 

@@ -181,11 +181,13 @@ class DirectBatch:
         self.max_timestamp_ms = max_timestamp_ms
 
     def _encode(self, out: bytearray | memoryview, offset: int) -> int:
+        """The records written at ``out[offset:]``; returns the offset just past them
+        (EncodeError when that is not ``section_size`` bytes on: a source that changed)."""
         encode = speedups.encode_records
         assert encode is not None
         src = self.source
         try:
-            return encode(
+            end: int = encode(
                 src.values,
                 src.keys,
                 src.timestamps,
@@ -199,6 +201,9 @@ class DirectBatch:
             )
         except _C_ERRORS as exc:
             raise EncodeError(f"encoding records: {exc}") from None
+        if end != offset + self.section_size:  # a changed source: never
+            raise EncodeError("rows changed while they were encoded")
+        return end
 
     def write_into(
         self,
@@ -212,13 +217,13 @@ class DirectBatch:
         n = self.section_size
         lz4 = settings.compression == LZ4
         if lz4 and getattr(_lz4_incompressible, "last", False):
-            frame = buf[offset + RECORDS : offset + RECORDS + compress_bound(LZ4, n)]
-            if len(frame) == compress_bound(LZ4, n):
+            room = compress_bound(LZ4, n)
+            frame = buf[offset + RECORDS : offset + RECORDS + room]
+            if len(frame) == room:
                 return self._write_lz4_in_place(buf, offset, frame, settings)
         if settings.compression != NONE:
             section = _section(n)
-            if self._encode(section, 0) != n:  # a changed source: never
-                raise EncodeError("rows changed while they were encoded")
+            self._encode(section, 0)
             end = write_batch(
                 buf,
                 offset,
@@ -237,8 +242,6 @@ class DirectBatch:
                 f"{len(buf) - offset}"
             )
         end = self._encode(buf, offset + HEADER_SIZE)
-        if end != offset + HEADER_SIZE + self.section_size:  # a changed source: never
-            raise EncodeError("rows changed while they were encoded")
         return self._seal(buf, offset, end, settings)
 
     def _write_lz4_in_place(
@@ -247,9 +250,7 @@ class DirectBatch:
         """The records encoded where an lz4 frame of them goes (``frame``: the room
         after the header, ``compress_bound`` bytes), then made that frame in place."""
         n = self.section_size
-        start = offset + RECORDS + LZ4_SECTION_OFFSET
-        if self._encode(buf, start) != start + n:  # a changed source: never
-            raise EncodeError("rows changed while they were encoded")
+        self._encode(buf, offset + RECORDS + LZ4_SECTION_OFFSET)
         length = lz4_frame_in_place(frame, n, settings.level)
         _lz4_incompressible.last = lz4_stored_whole(n, length)
         return self._seal(buf, offset, offset + RECORDS + length, settings)

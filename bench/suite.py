@@ -161,6 +161,66 @@ class Watch:
             self._sample()
 
 
+class Progress:
+    """Samples how many records the producer's sender has had acknowledged
+    (``stats()["sender"]["records_sent"]``, about 50 us a call) every ``interval`` s
+    from the barrier on, to say where a run's time went: the time to the first quarter
+    of its records acknowledged, the rate between a quarter and three quarters (the
+    steady state), and the time the last quarter took. A run of a few tenths of a
+    second loses time at both ends -- the pipeline filling, then draining -- and how
+    much depends on the processes sharing the two cores with the broker; the steady
+    rate does not count those ends."""
+
+    def __init__(self, producer: Producer, interval: float = 0.01) -> None:
+        self.producer = producer
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        acked = int(self.producer.stats()["sender"]["records_sent"])
+        self.samples.append((time.perf_counter(), acked))
+
+    def start(self) -> None:
+        """The first sample (every warm-up record acknowledged already), then the thread."""
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def when(self, n: float) -> float | None:
+        """When the ``n``-th record after the first sample was acknowledged, interpolated
+        between the samples around it (None: never)."""
+        t0, base = self.samples[0]
+        prev = (t0, 0)
+        for t, acked in self.samples:
+            got = acked - base
+            if got >= n:
+                (pt, pn) = prev
+                return t if got == pn else pt + (t - pt) * (n - pn) / (got - pn)
+            prev = (t, got)
+        return None
+
+    def phases(self, sent: int, start: float, end: float) -> dict[str, float | None]:
+        """The first quarter's time, the steady rate and the last quarter's time."""
+        q1, q3 = self.when(sent / 4), self.when(sent * 3 / 4)
+        if q1 is None or q3 is None or q3 <= q1:
+            return {"first_quarter_ms": None, "steady_records_per_s": None, "last_quarter_ms": None}
+        return {
+            "first_quarter_ms": (q1 - start) * 1e3,
+            "steady_records_per_s": sent / 2 / (q3 - q1),
+            "last_quarter_ms": (end - q3) * 1e3,
+        }
+
+
 def _rss_bytes(pid: int) -> int:
     """A process's resident set (psutil reads ``/proc/PID/statm``: counters, no page
     walk); 0 once it is gone."""
@@ -311,6 +371,9 @@ def measure(
                     watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 watch.baseline()  # before the clock: the workers wait at the barrier
                 reported.append(_host_reported_mb())
+                progress = Progress(producer) if producer is not None else None
+                if progress is not None:
+                    progress.start()
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
                 stall = None
@@ -324,6 +387,8 @@ def measure(
                 k0, st0 = _kernel(broker.pid), _steal_s()
                 b0, bt0 = _cpu(broker.pid), time.perf_counter()
                 reports = [out.get(timeout=900) for _ in workers]
+                if progress is not None:
+                    progress.stop()
                 s1 = _cpu(sender_pid)
                 b1, bt1 = _cpu(broker.pid), time.perf_counter()
                 k1, st1 = _kernel(broker.pid), _steal_s()
@@ -356,6 +421,11 @@ def measure(
     nbytes = sent * (cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0))
     cpu = sum(r["cpu"] for r in reports) + (s1 - s0)
     base = sum(r["base_pss"] for r in reports)
+    phases = (
+        progress.phases(sent, start, end)
+        if progress is not None
+        else {"first_quarter_ms": None, "steady_records_per_s": None, "last_quarter_ms": None}
+    )
     return {
         "records_per_s": sent / (end - start),
         "mb_per_s": nbytes / (end - start) / 1e6,
@@ -373,6 +443,8 @@ def measure(
         # shmprod's batching (0 for the peers): how many batches and produce requests
         # the broker was sent, whose cost per batch shows in its CPU per GB
         "records_per_batch": _ratio(batching["records"], batching["batches"]),
+        # shmprod's only (None for the peers): where the run's time went (see Progress)
+        **phases,
         "batches_per_request": _ratio(batching["requested"], batching["requests"]),
         # memory handed back to the host (None: not a machine that does): in the set-up
         # (the previous run's processes exit before it) and in the run
@@ -747,6 +819,11 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["cpu_low"] = min(cpus)
     row["cpu_high"] = max(cpus)
     row["runs"] = len(runs)
+    for k in ("steady_records_per_s", "first_quarter_ms", "last_quarter_ms"):  # shmprod's
+        have = [r[k] for r in runs if r.get(k) is not None]
+        row[k] = float(np.median(have)) if have else None
+        row[f"{k}_low"] = min(have) if have else None
+        row[f"{k}_high"] = max(have) if have else None
     keep = (
         "records_per_s",
         "cpu_s_per_gb",
@@ -761,6 +838,9 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "broker_sys_s_per_gb",
         "broker_faults_per_mb",
         "steal_s",
+        "steady_records_per_s",
+        "first_quarter_ms",
+        "last_quarter_ms",
     )
     row["per_run"] = [{k: r.get(k) for k in keep} for r in runs]  # the ceiling: no host MB
     return row
@@ -831,7 +911,10 @@ def main(argv: list[str] | None = None) -> int:
         "default); above 1 the ceiling is also measured over as many sockets",
     )
     parser.add_argument(
-        "--mb", type=_number(int, 1), default=250, help="MB of keys and values per run, 1 KB"
+        "--mb",
+        type=_number(int, 1),
+        default=250,
+        help="MB of keys and values per run, 1 KB",
     )
     parser.add_argument(
         "--mb-small",
@@ -1211,6 +1294,40 @@ def _summary(
         own = " / ".join("-" if r is None else f"{r['producer_mb']:.0f}" for r in rs)
         cores = " / ".join("-" if r is None else f"{r['broker_cores']:.2f}" for r in rs)
         out.append(f"| {cell} | {cpu} | {cores} | {mem} | {own} |")
+    timed = [
+        (cell, k)
+        for cell in cells
+        for k in ("shmprod send", "shmprod send_batch")
+        if by.get((cell, k, 1)) and by.get((cell, k, top)) and top > 1
+    ]
+    if timed and by[timed[0][0], timed[0][1], 1].get("steady_records_per_s") is not None:
+        out += [
+            "",
+            f"Where a run's time goes, 1 / {top} processes: records/s over the whole run "
+            "(the figure above), the steady rate between a quarter and three quarters of "
+            "the records acknowledged, and the time to the first quarter and for the last "
+            "quarter (medians; the steady rate's spread in brackets):\n",
+            "| cell | producer | whole run | steady | first quarter ms | last quarter ms |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for cell, k in timed:
+            one, many = by[cell, k, 1], by[cell, k, top]
+            if one.get("steady_records_per_s") is None or many.get("steady_records_per_s") is None:
+                continue
+
+            def steady(r: dict[str, Any]) -> str:
+                return (
+                    f"{r['steady_records_per_s'] / 1e6:.2f} M ({r['steady_records_per_s_low'] / 1e6:.2f}"
+                    f"-{r['steady_records_per_s_high'] / 1e6:.2f})"
+                )
+
+            out.append(
+                f"| {cell} | {k.removeprefix('shmprod ')} | "
+                f"{one['records_per_s'] / 1e6:.2f} M / {many['records_per_s'] / 1e6:.2f} M | "
+                f"{steady(one)} / {steady(many)} | "
+                f"{one['first_quarter_ms']:.0f} / {many['first_quarter_ms']:.0f} | "
+                f"{one['last_quarter_ms']:.0f} / {many['last_quarter_ms']:.0f} |"
+            )
     if latency:
         out += [
             "",

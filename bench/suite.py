@@ -914,13 +914,13 @@ def main(argv: list[str] | None = None) -> int:
         "--mb",
         type=_number(int, 1),
         default=250,
-        help="MB of keys and values per run, 1 KB",
+        help="MB of values per run, 1 KB (keys, when keyed, on top)",
     )
     parser.add_argument(
         "--mb-small",
         type=_number(int, 1),
         default=200,
-        help="MB of keys and values per run, values under 1 KB",
+        help="MB of values per run, values under 1 KB (keys on top)",
     )
     parser.add_argument("--out", default=None, help="results path prefix")
     args = parser.parse_args(argv)
@@ -949,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(
                 f"--headers: kind {k!r} does not take them; use --kinds with {_peers.HEADER_KINDS}"
             )
-    # MB of keys and values per run: enough for a steady rate, under the ~300 MB that
+    # MB of values per run (keys, when keyed, on top): enough for a steady rate, under the ~300 MB that
     # slows the broker down (see the broker notes). A run must also be long against
     # what the pool holds (64 MiB): with 50 MB of 100 B records, eight processes filled
     # the pool and the run was mostly its fill and drain (eight processes against one:
@@ -1140,7 +1140,7 @@ def _markdown(
             f"{meta['repeat']} interleaved run(s) per row; low-high is the spread of records/s, and "
             "the CPU's spread follows its median in brackets. "
             f"A worker stops after {meta['max_seconds']:.0f} s. A run sends "
-            f"{meta['mb_per_run']['under 1 KB']} MB of keys and values with values under 1 KB, "
+            f"{meta['mb_per_run']['under 1 KB']} MB of values (keys, when keyed, on top) with values under 1 KB, "
             f"{meta['mb_per_run']['1 KB and up']} MB with larger ones. "
             f"Took {meta['elapsed_s'] / 60:.0f} min."
             + (

@@ -161,6 +161,13 @@ class Watch:
             self._sample()
 
 
+NO_PHASES: dict[str, float | None] = {
+    "first_quarter_ms": None,
+    "steady_records_per_s": None,
+    "last_quarter_ms": None,
+}
+
+
 class Progress:
     """Samples how many records the producer's sender has had acknowledged
     (``stats()["sender"]["records_sent"]``, about 50 us a call) every ``interval`` s
@@ -213,7 +220,7 @@ class Progress:
         """The first quarter's time, the steady rate and the last quarter's time."""
         q1, q3 = self.when(sent / 4), self.when(sent * 3 / 4)
         if q1 is None or q3 is None or q3 <= q1:
-            return {"first_quarter_ms": None, "steady_records_per_s": None, "last_quarter_ms": None}
+            return dict(NO_PHASES)
         return {
             "first_quarter_ms": (q1 - start) * 1e3,
             "steady_records_per_s": sent / 2 / (q3 - q1),
@@ -421,11 +428,7 @@ def measure(
     nbytes = sent * (cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0))
     cpu = sum(r["cpu"] for r in reports) + (s1 - s0)
     base = sum(r["base_pss"] for r in reports)
-    phases = (
-        progress.phases(sent, start, end)
-        if progress is not None
-        else {"first_quarter_ms": None, "steady_records_per_s": None, "last_quarter_ms": None}
-    )
+    phases = progress.phases(sent, start, end) if progress is not None else dict(NO_PHASES)
     return {
         "records_per_s": sent / (end - start),
         "mb_per_s": nbytes / (end - start) / 1e6,
@@ -443,9 +446,9 @@ def measure(
         # shmprod's batching (0 for the peers): how many batches and produce requests
         # the broker was sent, whose cost per batch shows in its CPU per GB
         "records_per_batch": _ratio(batching["records"], batching["batches"]),
+        "batches_per_request": _ratio(batching["requested"], batching["requests"]),
         # shmprod's only (None for the peers): where the run's time went (see Progress)
         **phases,
-        "batches_per_request": _ratio(batching["requested"], batching["requests"]),
         # memory handed back to the host (None: not a machine that does): in the set-up
         # (the previous run's processes exit before it) and in the run
         "host_reported_mb_setup": _delta(reported[0], reported[1]),
@@ -949,8 +952,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(
                 f"--headers: kind {k!r} does not take them; use --kinds with {_peers.HEADER_KINDS}"
             )
-    # MB of values per run (keys, when keyed, on top): enough for a steady rate, under the ~300 MB that
-    # slows the broker down (see the broker notes). A run must also be long against
+    # MB of values per run (keys, when keyed, on top): enough for a steady rate, under
+    # the ~300 MB that slows the broker down (see the broker notes). A run must also be long against
     # what the pool holds (64 MiB): with 50 MB of 100 B records, eight processes filled
     # the pool and the run was mostly its fill and drain (eight processes against one:
     # 0.66-0.70 at 0.5 M records, 0.82-1.01 at 2 M; the broker holds 2 M at an unchanged
@@ -1294,13 +1297,15 @@ def _summary(
         own = " / ".join("-" if r is None else f"{r['producer_mb']:.0f}" for r in rs)
         cores = " / ".join("-" if r is None else f"{r['broker_cores']:.2f}" for r in rs)
         out.append(f"| {cell} | {cpu} | {cores} | {mem} | {own} |")
-    timed = [
-        (cell, k)
+    timed = [  # rows with both ends' phases (runs of an older suite have none)
+        (by[cell, k, 1], by[cell, k, top], cell, k)
         for cell in cells
         for k in ("shmprod send", "shmprod send_batch")
-        if by.get((cell, k, 1)) and by.get((cell, k, top)) and top > 1
+        if top > 1
+        and by.get((cell, k, 1), {}).get("steady_records_per_s") is not None
+        and by.get((cell, k, top), {}).get("steady_records_per_s") is not None
     ]
-    if timed and by[timed[0][0], timed[0][1], 1].get("steady_records_per_s") is not None:
+    if timed:
         out += [
             "",
             f"Where a run's time goes, 1 / {top} processes: records/s over the whole run "
@@ -1310,17 +1315,14 @@ def _summary(
             "| cell | producer | whole run | steady | first quarter ms | last quarter ms |",
             "|---|---|---:|---:|---:|---:|",
         ]
-        for cell, k in timed:
-            one, many = by[cell, k, 1], by[cell, k, top]
-            if one.get("steady_records_per_s") is None or many.get("steady_records_per_s") is None:
-                continue
 
-            def steady(r: dict[str, Any]) -> str:
-                return (
-                    f"{r['steady_records_per_s'] / 1e6:.2f} M ({r['steady_records_per_s_low'] / 1e6:.2f}"
-                    f"-{r['steady_records_per_s_high'] / 1e6:.2f})"
-                )
+        def steady(r: dict[str, Any]) -> str:
+            return (
+                f"{r['steady_records_per_s'] / 1e6:.2f} M ({r['steady_records_per_s_low'] / 1e6:.2f}"
+                f"-{r['steady_records_per_s_high'] / 1e6:.2f})"
+            )
 
+        for one, many, cell, k in timed:
             out.append(
                 f"| {cell} | {k.removeprefix('shmprod ')} | "
                 f"{one['records_per_s'] / 1e6:.2f} M / {many['records_per_s'] / 1e6:.2f} M | "

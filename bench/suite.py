@@ -165,6 +165,9 @@ NO_PHASES: dict[str, float | None] = {
     "first_quarter_ms": None,
     "steady_records_per_s": None,
     "last_quarter_ms": None,
+    "broker_cores_first_quarter": None,
+    "broker_cores_steady": None,
+    "broker_cores_last_quarter": None,
 }
 
 
@@ -173,21 +176,26 @@ class Progress:
     (``stats()["sender"]["records_sent"]``, about 50 us a call) every ``interval`` s
     from the barrier on, to say where a run's time went: the time to the first quarter
     of its records acknowledged, the rate between a quarter and three quarters (the
-    steady state), and the time the last quarter took. A run of a few tenths of a
-    second loses time at both ends -- the pipeline filling, then draining -- and how
-    much depends on the processes sharing the two cores with the broker; the steady
-    rate does not count those ends."""
+    steady state), and the time the last quarter took; and the broker's CPU in each of
+    the three, in cores (its user and system time, ``/proc/PID/stat``, in clock ticks:
+    the phases last a hundred milliseconds or more). A run of a few tenths of a second
+    loses time at both ends -- the pipeline filling, then draining -- and how much
+    depends on the processes sharing the two cores with the broker; the steady rate
+    does not count those ends."""
 
-    def __init__(self, producer: Producer, interval: float = 0.01) -> None:
+    def __init__(self, producer: Producer, broker_pid: int, interval: float = 0.01) -> None:
         self.producer = producer
+        self.broker = psutil.Process(broker_pid)
         self.interval = interval
-        self.samples: list[tuple[float, int]] = []
+        # (time, records acknowledged, the broker's CPU seconds)
+        self.samples: list[tuple[float, int, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
         acked = int(self.producer.stats()["sender"]["records_sent"])
-        self.samples.append((time.perf_counter(), acked))
+        cpu = self.broker.cpu_times()
+        self.samples.append((time.perf_counter(), acked, cpu.user + cpu.system))
 
     def start(self) -> None:
         """The first sample (every warm-up record acknowledged already), then the thread."""
@@ -206,9 +214,9 @@ class Progress:
     def when(self, n: float) -> float | None:
         """When the ``n``-th record after the first sample was acknowledged, interpolated
         between the samples around it (None: never)."""
-        t0, base = self.samples[0]
+        t0, base, _ = self.samples[0]
         prev = (t0, 0)
-        for t, acked in self.samples:
+        for t, acked, _ in self.samples:
             got = acked - base
             if got >= n:
                 (pt, pn) = prev
@@ -216,15 +224,34 @@ class Progress:
             prev = (t, got)
         return None
 
+    def broker_cpu_at(self, when: float) -> float:
+        """The broker's CPU seconds at ``when``, interpolated between the samples."""
+        prev = self.samples[0]
+        for s in self.samples:
+            if s[0] >= when:
+                if s[0] == prev[0]:
+                    return s[2]
+                return prev[2] + (s[2] - prev[2]) * (when - prev[0]) / (s[0] - prev[0])
+            prev = s
+        return prev[2]
+
     def phases(self, sent: int, start: float, end: float) -> dict[str, float | None]:
-        """The first quarter's time, the steady rate and the last quarter's time."""
+        """The first quarter's time, the steady rate and the last quarter's time, and the
+        broker's cores in each."""
         q1, q3 = self.when(sent / 4), self.when(sent * 3 / 4)
-        if q1 is None or q3 is None or q3 <= q1:
+        if q1 is None or q3 is None or not start < q1 < q3 < end:
             return dict(NO_PHASES)
+
+        def cores(a: float, b: float) -> float:
+            return (self.broker_cpu_at(b) - self.broker_cpu_at(a)) / (b - a)
+
         return {
             "first_quarter_ms": (q1 - start) * 1e3,
             "steady_records_per_s": sent / 2 / (q3 - q1),
             "last_quarter_ms": (end - q3) * 1e3,
+            "broker_cores_first_quarter": cores(start, q1),
+            "broker_cores_steady": cores(q1, q3),
+            "broker_cores_last_quarter": cores(q3, end),
         }
 
 
@@ -378,7 +405,8 @@ def measure(
                     watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 watch.baseline()  # before the clock: the workers wait at the barrier
                 reported.append(_host_reported_mb())
-                progress = Progress(producer) if producer is not None else None
+                assert broker.pid is not None  # started
+                progress = Progress(producer, broker.pid) if producer is not None else None
                 if progress is not None:
                     progress.start()
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
@@ -822,7 +850,7 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["cpu_low"] = min(cpus)
     row["cpu_high"] = max(cpus)
     row["runs"] = len(runs)
-    for k in ("steady_records_per_s", "first_quarter_ms", "last_quarter_ms"):  # shmprod's
+    for k in NO_PHASES:  # shmprod's
         have = [r[k] for r in runs if r.get(k) is not None]
         row[k] = float(np.median(have)) if have else None
         row[f"{k}_low"] = min(have) if have else None
@@ -841,9 +869,7 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "broker_sys_s_per_gb",
         "broker_faults_per_mb",
         "steal_s",
-        "steady_records_per_s",
-        "first_quarter_ms",
-        "last_quarter_ms",
+        *NO_PHASES,
     )
     row["per_run"] = [{k: r.get(k) for k in keep} for r in runs]  # the ceiling: no host MB
     return row
@@ -1311,10 +1337,16 @@ def _summary(
             f"Where a run's time goes, 1 / {top} processes: records/s over the whole run "
             "(the figure above), the steady rate between a quarter and three quarters of "
             "the records acknowledged, and the time to the first quarter and for the last "
-            "quarter (medians; the steady rate's spread in brackets):\n",
-            "| cell | producer | whole run | steady | first quarter ms | last quarter ms |",
-            "|---|---|---:|---:|---:|---:|",
+            "quarter, and the broker's cores in the first quarter, the middle and the last "
+            "(medians; the steady rate's spread in brackets):\n",
+            "| cell | producer | whole run | steady | first quarter ms | last quarter ms "
+            "| broker cores |",
+            "|---|---|---:|---:|---:|---:|---:|",
         ]
+
+        def cores(r: dict[str, Any]) -> str:
+            each = [r.get(f"broker_cores_{p}") for p in ("first_quarter", "steady", "last_quarter")]
+            return "-" if None in each else ", ".join(f"{c:.2f}" for c in each)
 
         def steady(r: dict[str, Any]) -> str:
             return (
@@ -1328,7 +1360,8 @@ def _summary(
                 f"{one['records_per_s'] / 1e6:.2f} M / {many['records_per_s'] / 1e6:.2f} M | "
                 f"{steady(one)} / {steady(many)} | "
                 f"{one['first_quarter_ms']:.0f} / {many['first_quarter_ms']:.0f} | "
-                f"{one['last_quarter_ms']:.0f} / {many['last_quarter_ms']:.0f} |"
+                f"{one['last_quarter_ms']:.0f} / {many['last_quarter_ms']:.0f} | "
+                f"{cores(one)} / {cores(many)} |"
             )
     if latency:
         out += [

@@ -101,6 +101,11 @@ class Stop(Exception):
     pass
 
 
+# when a shmprod worker's last record was given to the producer (its stage or held
+# calls still to flush): the suite's phases compare it with the run's end
+SENT_AT: list[float | None] = [None]
+
+
 def _shmprod_send(
     spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
 ) -> Callable[[float], int]:
@@ -125,6 +130,7 @@ def _shmprod_send(
                 n = end
                 if time.perf_counter() > deadline:
                     break
+            SENT_AT[0] = time.perf_counter()  # every record given to the producer
             w.flush(timeout=600)
             for f in last:
                 f.result(timeout=600)
@@ -158,6 +164,7 @@ def _shmprod_send_batch(
                 n = end
                 if time.perf_counter() > deadline:
                     break
+            SENT_AT[0] = time.perf_counter()  # every record given to the producer
             w.flush(timeout=600)
             for f in futures:
                 f.result(timeout=600)
@@ -217,6 +224,7 @@ def _shmprod_exporter(
                 n += t.num_rows
                 if time.perf_counter() > deadline:
                     break
+            SENT_AT[0] = time.perf_counter()  # every record given to the producer
             w.flush(timeout=600)
             for fut in futures:
                 fut.result(timeout=600)
@@ -469,6 +477,7 @@ def worker_main(kind: str, spec: dict[str, Any], barrier: Any, out: Any) -> None
                 "sent": sent,
                 "base_pss": base,
                 "pid": os.getpid(),
+                "sent_at": SENT_AT[0],
             }
         )
     except BaseException as exc:  # reported, and the measurement fails loudly

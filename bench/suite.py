@@ -168,6 +168,7 @@ NO_PHASES: dict[str, float | None] = {
     "broker_cores_first_quarter": None,
     "broker_cores_steady": None,
     "broker_cores_last_quarter": None,
+    "last_sent_ms": None,
 }
 
 
@@ -457,6 +458,11 @@ def measure(
     cpu = sum(r["cpu"] for r in reports) + (s1 - s0)
     base = sum(r["base_pss"] for r in reports)
     phases = progress.phases(sent, start, end) if progress is not None else dict(NO_PHASES)
+    given = [r["sent_at"] for r in reports if r.get("sent_at") is not None]
+    if progress is not None and len(given) == len(reports):
+        # from the last worker's last record given to the producer to the run's end: the
+        # drain the broker does with no worker still staging or encoding
+        phases["last_sent_ms"] = (end - max(given)) * 1e3
     return {
         "records_per_s": sent / (end - start),
         "mb_per_s": nbytes / (end - start) / 1e6,
@@ -1337,16 +1343,21 @@ def _summary(
             f"Where a run's time goes, 1 / {top} processes: records/s over the whole run "
             "(the figure above), the steady rate between a quarter and three quarters of "
             "the records acknowledged, and the time to the first quarter and for the last "
-            "quarter, and the broker's cores in the first quarter, the middle and the last "
-            "(medians; the steady rate's spread in brackets):\n",
+            "quarter, the broker's cores in the first quarter, the middle and the last, and "
+            "the time from the last worker's last record given to the producer to the run's "
+            "end (medians; the steady rate's spread in brackets):\n",
             "| cell | producer | whole run | steady | first quarter ms | last quarter ms "
-            "| broker cores |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            "| broker cores | ms after the last record given |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
         ]
 
         def cores(r: dict[str, Any]) -> str:
             each = [r.get(f"broker_cores_{p}") for p in ("first_quarter", "steady", "last_quarter")]
             return "-" if None in each else ", ".join(f"{c:.2f}" for c in each)
+
+        def after(r: dict[str, Any]) -> str:
+            ms = r.get("last_sent_ms")
+            return "-" if ms is None else f"{ms:.0f}"
 
         def steady(r: dict[str, Any]) -> str:
             return (
@@ -1361,7 +1372,7 @@ def _summary(
                 f"{steady(one)} / {steady(many)} | "
                 f"{one['first_quarter_ms']:.0f} / {many['first_quarter_ms']:.0f} | "
                 f"{one['last_quarter_ms']:.0f} / {many['last_quarter_ms']:.0f} | "
-                f"{cores(one)} / {cores(many)} |"
+                f"{cores(one)} / {cores(many)} | {after(one)} / {after(many)} |"
             )
     if latency:
         out += [

@@ -225,28 +225,26 @@ class Progress:
             prev = (t, got)
         return None
 
-    def broker_cpu_at(self, when: float) -> float:
-        """The broker's CPU seconds at ``when``, interpolated between the samples."""
-        prev = self.samples[0]
-        for s in self.samples:
-            if s[0] >= when:
-                if s[0] == prev[0]:
-                    return s[2]
-                return prev[2] + (s[2] - prev[2]) * (when - prev[0]) / (s[0] - prev[0])
-            prev = s
-        return prev[2]
-
-    def phases(self, sent: int, start: float, end: float) -> dict[str, float | None]:
-        """The first quarter's time, the steady rate and the last quarter's time, and the
-        broker's cores in each."""
+    def phases(
+        self, sent: int, start: float, end: float, last_given: float | None
+    ) -> dict[str, float | None]:
+        """The first quarter's time, the steady rate and the last quarter's time, the
+        broker's cores in each, and the time from ``last_given`` (when the last worker
+        gave the producer its last record; None: unknown) to ``end``."""
+        out = dict(NO_PHASES)
+        if last_given is not None:
+            # the drain the broker does with no worker still staging or encoding
+            out["last_sent_ms"] = (end - last_given) * 1e3
         q1, q3 = self.when(sent / 4), self.when(sent * 3 / 4)
         if q1 is None or q3 is None or not start < q1 < q3 < end:
-            return dict(NO_PHASES)
+            return out
+        times = [s[0] for s in self.samples]
+        cpus = [s[2] for s in self.samples]
 
         def cores(a: float, b: float) -> float:
-            return (self.broker_cpu_at(b) - self.broker_cpu_at(a)) / (b - a)
+            return float(np.interp(b, times, cpus) - np.interp(a, times, cpus)) / (b - a)
 
-        return {
+        return out | {
             "first_quarter_ms": (q1 - start) * 1e3,
             "steady_records_per_s": sent / 2 / (q3 - q1),
             "last_quarter_ms": (end - q3) * 1e3,
@@ -414,7 +412,6 @@ def measure(
                     barrier.wait(300)
                 stall = None
                 if args.stall_broker:
-                    assert broker.pid is not None  # started
                     stall = _stall(broker.pid, args.stall_broker)
                 # from the barrier, as the workers count theirs: what the sender spent on
                 # their start (attach, the warm-up record) is set-up, like a peer's
@@ -457,12 +454,11 @@ def measure(
     nbytes = sent * (cell["value_size"] + (_peers.KEY_SIZE if cell["keyed"] else 0))
     cpu = sum(r["cpu"] for r in reports) + (s1 - s0)
     base = sum(r["base_pss"] for r in reports)
-    phases = progress.phases(sent, start, end) if progress is not None else dict(NO_PHASES)
-    given = [r["sent_at"] for r in reports if r.get("sent_at") is not None]
-    if progress is not None and len(given) == len(reports):
-        # from the last worker's last record given to the producer to the run's end: the
-        # drain the broker does with no worker still staging or encoding
-        phases["last_sent_ms"] = (end - max(given)) * 1e3
+    given = [r.get("sent_at") for r in reports]
+    last_given = None if None in given else max(g for g in given if g is not None)
+    phases = (
+        progress.phases(sent, start, end, last_given) if progress is not None else dict(NO_PHASES)
+    )
     return {
         "records_per_s": sent / (end - start),
         "mb_per_s": nbytes / (end - start) / 1e6,
@@ -985,11 +981,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"--headers: kind {k!r} does not take them; use --kinds with {_peers.HEADER_KINDS}"
             )
     # MB of values per run (keys, when keyed, on top): enough for a steady rate, under
-    # the ~300 MB that slows the broker down (see the broker notes). A run must also be long against
-    # what the pool holds (64 MiB): with 50 MB of 100 B records, eight processes filled
-    # the pool and the run was mostly its fill and drain (eight processes against one:
-    # 0.66-0.70 at 0.5 M records, 0.82-1.01 at 2 M; the broker holds 2 M at an unchanged
-    # rate)
+    # the ~300 MB that slows the broker down (see the broker notes). A run must also be
+    # long against what the pool holds (64 MiB): with 50 MB of 100 B records, eight
+    # processes filled the pool and the run was mostly its fill and drain (eight
+    # processes against one: 0.66-0.70 at 0.5 M records, 0.82-1.01 at 2 M; the broker
+    # holds 2 M at an unchanged rate)
     cells = _cells(args)
     # the ceiling is over one socket; with more connections per broker it is measured
     # again over as many sockets, each with its share of the partitions

@@ -52,12 +52,14 @@ import argparse
 import contextlib
 import itertools
 import json
+import mmap
 import multiprocessing as mp
 import os
 import platform
 import shlex
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -71,7 +73,8 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _peers
 
-from shmprod import Producer
+from shmprod import Producer, shm
+from shmprod import layout as L
 from shmprod.broker import EmbeddedBroker
 from shmprod.config import DEFAULT_CONNECTIONS_PER_BROKER, ProducerConfig
 
@@ -101,8 +104,7 @@ def _wide_ceiling(sockets: int) -> str:
 
 class Watch:
     """Follows the memory of some processes from a baseline on (peak kept) and samples,
-    every ``interval`` s, the local ports connected to the broker's port (connections
-    opened).
+    every ``interval`` s, the broker's sockets (connections opened).
 
     The baseline is exact: each process's PSS (shared pages, the pool among them, split
     over the processes that map them), plus the pool's share held by a process not
@@ -115,15 +117,18 @@ class Watch:
     (``bench/results/suite-watcher.md``: eight processes' ``send`` at 100 B lz4 keyed
     made 1.41-1.98 M records/s with it, 2.10-2.37 M with this; the peaks agree)."""
 
-    def __init__(self, port: int, interval: float = 0.1) -> None:
-        self.port = port
+    def __init__(self, port: int, broker_pid: int, interval: float = 0.1) -> None:
+        self.broker_pid = broker_pid
         self.interval = interval
         self.pids: set[int] = set()
         # (pid, segment name): the pool's share held by a process not otherwise counted
         # (the one that made the producer), so the pool counts whole
         self.segment_holders: list[tuple[int, str]] = []
         self.peak = 0
-        self.ports: set[int] = set()
+        # the broker's sockets: at the start, its clients' among them, and those since
+        self._sockets0 = _socket_inodes(broker_pid)
+        self._clients0 = self._sockets0 & _inodes_served_on(port)
+        self._new_sockets: set[int] = set()
         self._base_rss: dict[int, int] | None = None
         self._base = 0
         self._stop = threading.Event()
@@ -154,7 +159,12 @@ class Watch:
         if rss0 is not None:
             total = self._base + sum(_rss_bytes(pid) - rss0[pid] for pid in rss0)
             self.peak = max(self.peak, total)
-        self.ports.update(_ports_connected_to(self.port))
+        self._new_sockets |= _socket_inodes(self.broker_pid) - self._sockets0
+
+    @property
+    def connections(self) -> int:
+        """Connections to the broker open at the start or opened since."""
+        return len(self._clients0) + len(self._new_sockets)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -173,20 +183,30 @@ NO_PHASES: dict[str, float | None] = {
 
 
 class Progress:
-    """Samples how many records the producer's sender has had acknowledged
-    (``stats()["sender"]["records_sent"]``, about 50 us a call) every ``interval`` s
-    from the barrier on, to say where a run's time went: the time to the first quarter
-    of its records acknowledged, the rate between a quarter and three quarters (the
-    steady state), and the time the last quarter took; and the broker's CPU in each of
-    the three, in cores (its user and system time, ``/proc/PID/stat``, in clock ticks:
-    the phases last a hundred milliseconds or more). A run of a few tenths of a second
-    loses time at both ends -- the pipeline filling, then draining -- and how much
-    depends on the processes sharing the two cores with the broker; the steady rate
-    does not count those ends."""
+    """Samples how many records the producer's sender has had acknowledged (its
+    ``records_sent`` counter, read from the pool's segment mapped read-only, as
+    ``shmprod stats`` reads it) every ``interval`` s from the barrier on, to say where a
+    run's time went: the time to the first quarter of its records acknowledged, the
+    rate between a quarter and three quarters (the steady state), and the time the last
+    quarter took; and the broker's CPU in each of the three, in cores (its user and
+    system time, ``/proc/PID/stat``, in clock ticks: the phases last a hundred
+    milliseconds or more). A run of a few tenths of a second loses time at both ends --
+    the pipeline filling, then draining -- and how much depends on the processes
+    sharing the two cores with the broker; the steady rate does not count those ends.
 
-    def __init__(self, producer: Producer, broker_pid: int, interval: float = 0.01) -> None:
-        self.producer = producer
-        self.broker = psutil.Process(broker_pid)
+    A sample costs about 10 us of CPU. It was ``producer.stats()`` and psutil, about 90
+    us measured alone and 4% of a core in a run (perf of one process's ``send_batch``
+    at 100 B): taken from the run it measured, in shmprod's runs only."""
+
+    def __init__(self, segment: str, broker_pid: int, interval: float = 0.01) -> None:
+        fd = os.open(os.path.join(shm.SHM_DIR, segment), os.O_RDONLY)
+        try:
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._map)
+        self._acked_at = L.read_geometry(self._view).stats + L.S_RECORDS_SENT
+        self._broker_stat = f"/proc/{broker_pid}/stat"
         self.interval = interval
         # (time, records acknowledged, the broker's CPU seconds)
         self.samples: list[tuple[float, int, float]] = []
@@ -194,9 +214,8 @@ class Progress:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        acked = int(self.producer.stats()["sender"]["records_sent"])
-        cpu = self.broker.cpu_times()
-        self.samples.append((time.perf_counter(), acked, cpu.user + cpu.system))
+        acked = L.U64.unpack_from(self._view, self._acked_at)[0]
+        self.samples.append((time.perf_counter(), acked, _stat_cpu_s(self._broker_stat)))
 
     def start(self) -> None:
         """The first sample (every warm-up record acknowledged already), then the thread."""
@@ -207,6 +226,8 @@ class Progress:
         self._stop.set()
         self._thread.join(5)
         self._sample()
+        self._view.release()
+        self._map.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -254,6 +275,21 @@ class Progress:
         }
 
 
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_cpu_s(path: str) -> float:
+    """A process's user and system CPU seconds from its ``/proc/PID/stat`` (the fields
+    after the command name: utime and stime are the 12th and 13th); 0 once it is gone."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0.0
+    fields = data[data.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
 def _rss_bytes(pid: int) -> int:
     """A process's resident set (psutil reads ``/proc/PID/statm``: counters, no page
     walk); 0 once it is gone."""
@@ -266,22 +302,43 @@ def _rss_bytes(pid: int) -> int:
 _ESTABLISHED = "01"
 
 
-def _ports_connected_to(port: int) -> set[int]:
-    """Local ports of this host's established IPv4 TCP connections to ``port``, from
-    ``/proc/net/tcp``: the kernel's table, without psutil's walk over every process's
-    descriptors (about 6 ms a call)."""
-    ports = set()
+def _inodes_served_on(port: int) -> set[int]:
+    """Socket inodes of this host's established IPv4 TCP connections whose local port is
+    ``port``: a server's ends of its clients' connections, from ``/proc/net/tcp``. The
+    kernel walks its whole table of connections for it (about 5 ms of CPU a read on a
+    machine with 24 GB: 262,144 buckets), so it is read once, before a run."""
+    inodes = set()
     try:
         with open("/proc/net/tcp") as f:
             next(f)  # the header
             for line in f:
                 fields = line.split()
-                local, remote, state = fields[1], fields[2], fields[3]
-                if state == _ESTABLISHED and int(remote.split(":")[1], 16) == port:
-                    ports.add(int(local.split(":")[1], 16))
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == _ESTABLISHED and int(local.split(":")[1], 16) == port:
+                    inodes.add(int(inode))
     except OSError:
         pass
-    return ports
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of a process's sockets, from its descriptors (``/proc/PID/fd``: tens
+    of microseconds for a broker's few dozen); empty once it is gone. Sampled during a
+    run instead of ``/proc/net/tcp``, whose every read took about 5 ms of CPU, 5% of a
+    core at 10 reads a second, from the run it measured."""
+    out = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
 
 
 # ---------------------------------------------------------------------------------
@@ -348,6 +405,7 @@ def measure(
     reported = [_host_reported_mb()]
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
+        assert broker.pid is not None  # started
         if _is_ceiling(kind):
             return _ceiling(
                 broker.bootstrap,
@@ -395,7 +453,7 @@ def measure(
                 p = ctx.Process(target=_peers.worker_main, args=(kind, s, barrier, out))
                 p.start()
                 workers.append(p)
-            with Watch(broker.port) as watch:
+            with Watch(broker.port, broker.pid) as watch:
                 watch.pids.update(p.pid for p in workers if p.pid)
                 if sender_pid:
                     watch.pids.add(sender_pid)
@@ -404,10 +462,12 @@ def measure(
                     watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 watch.baseline()  # before the clock: the workers wait at the barrier
                 reported.append(_host_reported_mb())
-                assert broker.pid is not None  # started
-                progress = Progress(producer, broker.pid) if producer is not None else None
+                progress = (
+                    Progress(producer.handle.segment, broker.pid) if producer is not None else None
+                )
                 if progress is not None:
                     progress.start()
+                perf = _perf_start(kind, procs)
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
                 stall = None
@@ -420,6 +480,7 @@ def measure(
                 k0, st0 = _kernel(broker.pid), _steal_s()
                 b0, bt0 = _cpu(broker.pid), time.perf_counter()
                 reports = [out.get(timeout=900) for _ in workers]
+                _perf_stop(perf)
                 if progress is not None:
                     progress.stop()
                 s1 = _cpu(sender_pid)
@@ -471,7 +532,7 @@ def measure(
         "steal_s": _delta(st0, st1),
         "peak_mb": watch.peak / 2**20,
         "producer_mb": max(0.0, watch.peak - base) / 2**20,
-        "connections": len(watch.ports),
+        "connections": watch.connections,
         "sent": sent,
         # shmprod's batching (0 for the peers): how many batches and produce requests
         # the broker was sent, whose cost per batch shows in its CPU per GB
@@ -487,6 +548,29 @@ def measure(
 
 
 HOST_REPORTED = "/sys/module/page_reporting/parameters/reported_kib"
+
+
+def _perf_start(kind: str, procs: int) -> subprocess.Popen[bytes] | None:
+    """With ``BENCH_PERF`` set to a directory, a system-wide ``perf record`` of each
+    run's timed span (from just before the barrier to the last worker's report), a file
+    per run: where every process's CPU went while the clock ran. ``BENCH_PERF_ARGS``
+    adds to its arguments (``-g`` for call graphs)."""
+    where = os.environ.get("BENCH_PERF")
+    if not where:
+        return None
+    os.makedirs(where, exist_ok=True)
+    name = f"{kind.replace(' ', '-')}-{procs}p-{time.strftime('%H%M%S')}.data"
+    cmd = ["perf", "record", "-a", "-F", "999", "-o", os.path.join(where, name)]
+    cmd += shlex.split(os.environ.get("BENCH_PERF_ARGS", ""))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)  # perf has opened its events
+    return proc
+
+
+def _perf_stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
 
 
 def _kernel(pid: int | None) -> tuple[float, int] | None:
@@ -618,8 +702,8 @@ def _ceiling(
     bootstrap: str,
     cell: dict[str, Any],
     records: int,
-    headers: int = 0,
-    broker_pid: int | None = None,
+    headers: int,
+    broker_pid: int,
     sockets: int = 1,
 ) -> dict[str, Any]:
     from shmprod.protocol.compression import LZ4, NONE
@@ -713,7 +797,7 @@ def _ceiling(
         except BaseException as exc:  # reported after the clock
             errors.append(exc)
 
-    with Watch(int(port)) as watch:
+    with Watch(int(port), broker_pid) as watch:
         watch.pids.add(os.getpid())
         watch.baseline()
         c0 = time.process_time()

@@ -13,8 +13,10 @@ Imported by ``bench/suite.py``; not a benchmark of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -480,6 +482,11 @@ def worker_main(kind: str, spec: dict[str, Any], barrier: Any, out: Any) -> None
                 "sent_at": SENT_AT[0],
             }
         )
+        # Waits for every other worker's report before it returns: a worker done early
+        # would otherwise free its data and exit while the others' clocks run, on the
+        # cores they share (eight processes' runs end up to about 170 ms apart).
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(900)
     except BaseException as exc:  # reported, and the measurement fails loudly
         out.put({"ok": False, "error": f"{kind}: {exc!r}", "pid": os.getpid()})
         barrier.abort()  # nobody waits for this worker

@@ -489,6 +489,10 @@ def measure(
                 reported.append(_host_reported_mb())
                 if stall is not None:
                     stall.join()
+                # every worker has reported: they may now tear down and exit (see
+                # _peers.worker_main)
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait(60)
             for p in workers:
                 p.join(60)
             if producer is not None:  # every record acknowledged: the sender's counts

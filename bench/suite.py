@@ -194,7 +194,7 @@ class Progress:
     the pipeline filling, then draining -- and how much depends on the processes
     sharing the two cores with the broker; the steady rate does not count those ends.
 
-    A sample costs about 10 us of CPU. It was ``producer.stats()`` and psutil, about 90
+    A sample costs about 13 us of CPU. It was ``producer.stats()`` and psutil, about 90
     us measured alone and 4% of a core in a run (perf of one process's ``send_batch``
     at 100 B): taken from the run it measured, in shmprod's runs only."""
 
@@ -323,9 +323,8 @@ def _inodes_served_on(port: int) -> set[int]:
 
 def _socket_inodes(pid: int) -> set[int]:
     """The inodes of a process's sockets, from its descriptors (``/proc/PID/fd``: tens
-    of microseconds for a broker's few dozen); empty once it is gone. Sampled during a
-    run instead of ``/proc/net/tcp``, whose every read took about 5 ms of CPU, 5% of a
-    core at 10 reads a second, from the run it measured."""
+    of microseconds for a broker's few dozen); empty once it is gone. What a run samples
+    in place of :func:`_inodes_served_on`."""
     out = set()
     try:
         names = os.listdir(f"/proc/{pid}/fd")
@@ -444,8 +443,8 @@ def measure(
             sender = producer.stats()["sender"]
             sender_pid = sender["sender_pid"]
             sent0 = _batching(sender)
+        barrier = ctx.Barrier(procs + 1)
         try:
-            barrier = ctx.Barrier(procs + 1)
             out = ctx.Queue()
             workers = []
             for i in range(procs):
@@ -499,6 +498,7 @@ def measure(
                 after = _batching(producer.stats()["sender"])
                 batching = {k: v - sent0[k] for k, v in after.items()}
         finally:
+            barrier.abort()  # a run that failed: no worker waits for a release that never comes
             if producer is not None:
                 producer.close()
         bad = [r["error"] for r in reports if not r["ok"]]

@@ -278,16 +278,21 @@ class Progress:
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def _stat_cpu_s(path: str) -> float:
-    """A process's user and system CPU seconds from its ``/proc/PID/stat`` (the fields
-    after the command name: utime and stime are the 12th and 13th); 0 once it is gone."""
+def _stat_fields(path: str) -> list[bytes] | None:
+    """The fields of a ``/proc/PID/stat`` after the command's ")" (so the first is the
+    state, field 3 of proc(5)); None once the process is gone."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0.0
-    fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _stat_cpu_s(path: str) -> float:
+    """A process's user and system CPU seconds (utime and stime, fields 14 and 15) from
+    its ``/proc/PID/stat``; 0 once it is gone."""
+    fields = _stat_fields(path)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
 def _rss_bytes(pid: int) -> int:
@@ -580,14 +585,12 @@ def _perf_stop(proc: subprocess.Popen[bytes] | None) -> None:
 def _kernel(pid: int | None) -> tuple[float, int] | None:
     """A process's CPU seconds in the kernel and its minor page faults so far, from
     ``/proc`` (None where it is not readable)."""
-    if not pid:
+    fields = _stat_fields(f"/proc/{pid}/stat") if pid else None
+    if fields is None:
         return None
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        # after the command's ")": state is field 3, minflt 10, stime 15 (proc(5))
-        return int(fields[12]) / os.sysconf("SC_CLK_TCK"), int(fields[7])
-    except (OSError, IndexError, ValueError):
+    try:  # minflt is field 10, stime 15 (proc(5))
+        return int(fields[12]) / _TICKS_PER_S, int(fields[7])
+    except (IndexError, ValueError):
         return None
 
 

@@ -5,7 +5,10 @@ Every kind does the same thing: make its records (before the clock), build its p
 and connect (before the clock), wait at the barrier, send until it has sent its share or
 its time is up, wait until every record is acknowledged, and report what it sent, when
 it started and ended (``perf_counter``: one clock for every process on the host) and the
-CPU its process used meanwhile (every thread: the client's own I/O threads count).
+CPU its process used meanwhile (every thread: the client's own I/O threads count). The
+clock stops when every record is acknowledged: each kind closes its producer after
+every worker has reported (:data:`AFTER_CLOCK`), as confluent-kafka's, which has no
+``close``, is destroyed only when its process exits.
 
 Imported by ``bench/suite.py``; not a benchmark of its own.
 """
@@ -32,6 +35,10 @@ KEY_SIZE = 16
 # once (up to a stage's worth of 100 B rows in held send_batch calls), so its allocator
 # has the pages a run reuses
 WARM_ROW_GROUPS = 6
+# what each kind closes once every worker has reported: a producer's close is not part
+# of delivering its records, and a worker that closed inside the clock took the cores
+# the others' clocks still ran on (eight shmprod workers' close took 3-37 ms each)
+AFTER_CLOCK: list[Callable[[], object]] = []
 
 
 # ---------------------------------------------------------------------------------
@@ -137,9 +144,11 @@ def _shmprod_send(
             for f in last:
                 f.result(timeout=600)
             return n
-        finally:
+        except BaseException:
             w.close()
+            raise
 
+    AFTER_CLOCK.append(w.close)
     return run
 
 
@@ -171,9 +180,11 @@ def _shmprod_send_batch(
             for f in futures:
                 f.result(timeout=600)
             return n
-        finally:
+        except BaseException:
             w.close()
+            raise
 
+    AFTER_CLOCK.append(w.close)
     return run
 
 
@@ -231,9 +242,11 @@ def _shmprod_exporter(
             for fut in futures:
                 fut.result(timeout=600)
             return n
-        finally:
+        except BaseException:
             w.close()
+            raise
 
+    AFTER_CLOCK.append(w.close)
     return run
 
 
@@ -362,9 +375,9 @@ def _kafka_python(
         p.flush(600)
         if last is not None:
             last.get(timeout=600)
-        p.close(30)
         return n
 
+    AFTER_CLOCK.append(lambda: p.close(30))
     return run
 
 
@@ -423,15 +436,22 @@ def _aiokafka_send_batch(
                 b.close()
                 futures.append(await p.send_batch(b, topic, partition=part))
         await asyncio.gather(*futures)
-        await p.stop()
         return n
+
+    def close() -> None:
+        try:
+            loop.run_until_complete(p.stop())
+        finally:
+            loop.close()
 
     def run(deadline: float) -> int:
         try:
             return loop.run_until_complete(go(deadline))
-        finally:
-            loop.close()
+        except BaseException:
+            close()
+            raise
 
+    AFTER_CLOCK.append(close)
     return run
 
 
@@ -487,6 +507,8 @@ def worker_main(kind: str, spec: dict[str, Any], barrier: Any, out: Any) -> None
         # cores they share (eight processes' runs end up to about 170 ms apart).
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(900)
+        for close in AFTER_CLOCK:
+            close()
     except BaseException as exc:  # reported, and the measurement fails loudly
         out.put({"ok": False, "error": f"{kind}: {exc!r}", "pid": os.getpid()})
         barrier.abort()  # nobody waits for this worker

@@ -35,9 +35,10 @@ KEY_SIZE = 16
 # once (up to a stage's worth of 100 B rows in held send_batch calls), so its allocator
 # has the pages a run reuses
 WARM_ROW_GROUPS = 6
-# what each kind closes once every worker has reported: a producer's close is not part
-# of delivering its records, and a worker that closed inside the clock took the cores
-# the others' clocks still ran on (eight shmprod workers' close took 3-37 ms each)
+# what each kind closes once every worker has reported, or once its worker's failure is
+# reported: a producer's close is not part of delivering its records, and a worker that
+# closed inside the clock took the cores the others' clocks still ran on (eight shmprod
+# workers' close took 3-37 ms each)
 AFTER_CLOCK: list[Callable[[], object]] = []
 
 
@@ -130,23 +131,19 @@ def _shmprod_send(
         send = w.send
         n = 0
         last = []  # the last record's future of each stretch: any failure shows there too
-        try:
-            for start in range(0, len(vlist), CHECK_EVERY):
-                end = min(start + CHECK_EVERY, len(vlist))
-                for i in range(start, end - 1):
-                    send(topic, vlist[i], key=klist[i], headers=hlist[i])
-                last.append(send(topic, vlist[end - 1], key=klist[end - 1], headers=hlist[end - 1]))
-                n = end
-                if time.perf_counter() > deadline:
-                    break
-            SENT_AT[0] = time.perf_counter()  # every record given to the producer
-            w.flush(timeout=600)
-            for f in last:
-                f.result(timeout=600)
-            return n
-        except BaseException:
-            w.close()
-            raise
+        for start in range(0, len(vlist), CHECK_EVERY):
+            end = min(start + CHECK_EVERY, len(vlist))
+            for i in range(start, end - 1):
+                send(topic, vlist[i], key=klist[i], headers=hlist[i])
+            last.append(send(topic, vlist[end - 1], key=klist[end - 1], headers=hlist[end - 1]))
+            n = end
+            if time.perf_counter() > deadline:
+                break
+        SENT_AT[0] = time.perf_counter()  # every record given to the producer
+        w.flush(timeout=600)
+        for f in last:
+            f.result(timeout=600)
+        return n
 
     AFTER_CLOCK.append(w.close)
     return run
@@ -164,25 +161,21 @@ def _shmprod_send_batch(
     def run(deadline: float) -> int:
         n = 0
         futures = []
-        try:
-            for start in range(0, len(values), CHUNK):
-                end = min(start + CHUNK, len(values))
-                futures.append(
-                    w.send_batch(
-                        topic, values[start:end], keys=None if keys is None else keys[start:end]
-                    )
+        for start in range(0, len(values), CHUNK):
+            end = min(start + CHUNK, len(values))
+            futures.append(
+                w.send_batch(
+                    topic, values[start:end], keys=None if keys is None else keys[start:end]
                 )
-                n = end
-                if time.perf_counter() > deadline:
-                    break
-            SENT_AT[0] = time.perf_counter()  # every record given to the producer
-            w.flush(timeout=600)
-            for f in futures:
-                f.result(timeout=600)
-            return n
-        except BaseException:
-            w.close()
-            raise
+            )
+            n = end
+            if time.perf_counter() > deadline:
+                break
+        SENT_AT[0] = time.perf_counter()  # every record given to the producer
+        w.flush(timeout=600)
+        for f in futures:
+            f.result(timeout=600)
+        return n
 
     AFTER_CLOCK.append(w.close)
     return run
@@ -228,23 +221,19 @@ def _shmprod_exporter(
     def run(deadline: float) -> int:
         n = 0
         futures = []
-        try:
-            for g in range(f.num_row_groups):
-                t = f.read_row_group(g, use_threads=threads)
-                futures.append(
-                    w.send_batch(topic, t["value"], keys=t["key"] if keys is not None else None)
-                )
-                n += t.num_rows
-                if time.perf_counter() > deadline:
-                    break
-            SENT_AT[0] = time.perf_counter()  # every record given to the producer
-            w.flush(timeout=600)
-            for fut in futures:
-                fut.result(timeout=600)
-            return n
-        except BaseException:
-            w.close()
-            raise
+        for g in range(f.num_row_groups):
+            t = f.read_row_group(g, use_threads=threads)
+            futures.append(
+                w.send_batch(topic, t["value"], keys=t["key"] if keys is not None else None)
+            )
+            n += t.num_rows
+            if time.perf_counter() > deadline:
+                break
+        SENT_AT[0] = time.perf_counter()  # every record given to the producer
+        w.flush(timeout=600)
+        for fut in futures:
+            fut.result(timeout=600)
+        return n
 
     AFTER_CLOCK.append(w.close)
     return run
@@ -445,11 +434,7 @@ def _aiokafka_send_batch(
             loop.close()
 
     def run(deadline: float) -> int:
-        try:
-            return loop.run_until_complete(go(deadline))
-        except BaseException:
-            close()
-            raise
+        return loop.run_until_complete(go(deadline))
 
     AFTER_CLOCK.append(close)
     return run
@@ -507,12 +492,13 @@ def worker_main(kind: str, spec: dict[str, Any], barrier: Any, out: Any) -> None
         # cores they share (eight processes' runs end up to about 170 ms apart).
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(900)
-        for close in AFTER_CLOCK:
-            close()
     except BaseException as exc:  # reported, and the measurement fails loudly
         out.put({"ok": False, "error": f"{kind}: {exc!r}", "pid": os.getpid()})
         barrier.abort()  # nobody waits for this worker
         raise
+    finally:  # after every report, or once this worker's failure is reported
+        for close in AFTER_CLOCK:
+            close()
 
 
 # ---------------------------------------------------------------------------------

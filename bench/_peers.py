@@ -116,6 +116,17 @@ class Stop(Exception):
 SENT_AT: list[float | None] = [None]
 
 
+def _delivered(w: Any, futures: list[Any], n: int) -> int:
+    """The end of every shmprod kind's run: notes when its last record was given to the
+    producer (``SENT_AT``), flushes, waits for ``futures`` (any failure raises) and
+    returns ``n``, the records sent."""
+    SENT_AT[0] = time.perf_counter()
+    w.flush(timeout=600)
+    for f in futures:
+        f.result(timeout=600)
+    return n
+
+
 def _shmprod_send(
     spec: dict[str, Any], values: pa.Array, keys: pa.Array | None
 ) -> Callable[[float], int]:
@@ -139,11 +150,7 @@ def _shmprod_send(
             n = end
             if time.perf_counter() > deadline:
                 break
-        SENT_AT[0] = time.perf_counter()  # every record given to the producer
-        w.flush(timeout=600)
-        for f in last:
-            f.result(timeout=600)
-        return n
+        return _delivered(w, last, n)
 
     AFTER_CLOCK.append(w.close)
     return run
@@ -171,11 +178,7 @@ def _shmprod_send_batch(
             n = end
             if time.perf_counter() > deadline:
                 break
-        SENT_AT[0] = time.perf_counter()  # every record given to the producer
-        w.flush(timeout=600)
-        for f in futures:
-            f.result(timeout=600)
-        return n
+        return _delivered(w, futures, n)
 
     AFTER_CLOCK.append(w.close)
     return run
@@ -229,11 +232,7 @@ def _shmprod_exporter(
             n += t.num_rows
             if time.perf_counter() > deadline:
                 break
-        SENT_AT[0] = time.perf_counter()  # every record given to the producer
-        w.flush(timeout=600)
-        for fut in futures:
-            fut.result(timeout=600)
-        return n
+        return _delivered(w, futures, n)
 
     AFTER_CLOCK.append(w.close)
     return run

@@ -37,6 +37,11 @@ sockets at once (``ceiling over N sockets``, partition
 p on socket p % N, as the sender keeps a partition on one connection); the ceiling the
 fractions are of stays the one-socket replay.
 
+``--broker-cpus 0`` runs the broker on those CPUs and everything else of a measurement
+(this process, the workers, the sender) on the others, as if the broker were on a
+machine of its own: what is left of a slowdown with more processes is the producers'
+own (``bench/results/scaling-causes.md``).
+
 ``--headers N`` gives every record N headers with an 8-byte value that differs per record
 (the per-record kinds and the ceiling only).
 
@@ -400,6 +405,17 @@ def count_back(
 # ---------------------------------------------------------------------------------
 
 
+def _pin(pid: int, cpus: set[int] | None) -> None:
+    """Moves every thread of process ``pid`` (the broker: its runtime's threads exist
+    once it answers) to ``cpus``; threads it starts later inherit them. None: left as
+    it is."""
+    if cpus is None:
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(tid), cpus)
+
+
 def measure(
     ctx: Any, kind: str, cell: dict[str, Any], procs: int, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -410,6 +426,7 @@ def measure(
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
         assert broker.pid is not None  # started
+        _pin(broker.pid, args.broker_cpus)
         if _is_ceiling(kind):
             return _ceiling(
                 broker.bootstrap,
@@ -853,12 +870,19 @@ LATENCY_KINDS = ["shmprod send", "confluent-kafka produce", "aiokafka send", "ka
 
 
 def measure_latency(
-    ctx: Any, kind: str, rate: int, seconds: float, linger_ms: float = LINGER_MS
+    ctx: Any,
+    kind: str,
+    rate: int,
+    seconds: float,
+    linger_ms: float = LINGER_MS,
+    broker_cpus: set[int] | None = None,
 ) -> dict[str, Any]:
     """p50 and p99 send-to-acknowledgement (ms) of one process sending ``rate`` 100 B
-    keyed records a second for ``seconds``, on a fresh broker."""
+    keyed records a second for ``seconds``, on a fresh broker (on ``broker_cpus``)."""
     with EmbeddedBroker() as broker:
         broker.create_topic(TOPIC, PARTITIONS)
+        assert broker.pid is not None  # started
+        _pin(broker.pid, broker_cpus)
         producer = None
         spec: dict[str, Any] = {
             "bootstrap": broker.bootstrap,
@@ -983,10 +1007,15 @@ def _number(kind: type[int] | type[float], low: float) -> Callable[[str], Any]:
     return parse
 
 
-def _numbers(text: str) -> list[int]:
-    """A comma-separated list of positive integers (processes, value sizes)."""
-    one = _number(int, 1)
-    return [one(x) for x in text.split(",")]
+def _numbers(low: int) -> Callable[[str], list[int]]:
+    """A parser of a comma-separated list of integers of at least ``low`` (processes,
+    value sizes: 1; CPU numbers: 0)."""
+    one = _number(int, low)
+
+    def parse(text: str) -> list[int]:
+        return [one(x) for x in text.split(",")]
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -998,10 +1027,10 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="interleaved runs per row (3; quick: 1)",
     )
-    parser.add_argument("--procs", type=_numbers, default="1,2,4,8")
+    parser.add_argument("--procs", type=_numbers(1), default="1,2,4,8")
     parser.add_argument(
         "--sizes",
-        type=_numbers,
+        type=_numbers(1),
         default="100,1000",
         help="value sizes (quick: 1000 uncompressed only)",
     )
@@ -1044,6 +1073,13 @@ def main(argv: list[str] | None = None) -> int:
         default=200,
         help="MB of values per run, values under 1 KB (keys on top)",
     )
+    parser.add_argument(
+        "--broker-cpus",
+        type=_numbers(0),
+        default=None,
+        help="run the broker on these CPUs (e.g. 0) and every other process of a "
+        "measurement on the rest",
+    )
     parser.add_argument("--out", default=None, help="results path prefix")
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
@@ -1062,6 +1098,17 @@ def main(argv: list[str] | None = None) -> int:
         for x in values:
             if x not in allowed:
                 parser.error(f"{name}: unknown {x!r}: one of {list(allowed)}")
+    if args.broker_cpus is not None:
+        mine = os.sched_getaffinity(0)
+        broker_cpus = set(args.broker_cpus)
+        if not broker_cpus <= mine or not mine - broker_cpus:
+            parser.error(
+                f"--broker-cpus: CPUs {sorted(broker_cpus)} must be some, not all, of this "
+                f"process's CPUs {sorted(mine)}"
+            )
+        args.broker_cpus = broker_cpus
+        # before the forkserver and any producer start: they and the workers inherit it
+        os.sched_setaffinity(0, mine - broker_cpus)
     procs_list = args.procs
     kinds = args.kinds.split(",")
     for k in kinds:
@@ -1161,7 +1208,8 @@ def main(argv: list[str] | None = None) -> int:
     lat_seconds = 2.0 if args.quick else 5.0
     for kind in LATENCY_KINDS:
         rs = [
-            measure_latency(ctx, kind, args.latency_rate, lat_seconds) for _ in range(args.repeat)
+            measure_latency(ctx, kind, args.latency_rate, lat_seconds, broker_cpus=args.broker_cpus)
+            for _ in range(args.repeat)
         ]
         row = {
             "kind": kind,
@@ -1207,6 +1255,7 @@ def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
         "headers": args.headers,
         "stall_broker_s": args.stall_broker,
         "connections_per_broker": args.connections_per_broker,
+        "broker_cpus": None if args.broker_cpus is None else sorted(args.broker_cpus),
         "partitions": PARTITIONS,
         "linger_ms": LINGER_MS,
         "python": sys.version.split()[0],
@@ -1285,6 +1334,13 @@ def _markdown(
                 "requests over that many sockets at once, each with its share of the partitions "
                 "(its of-ceiling is its ratio to the one-socket ceiling)."
                 if meta.get("connections_per_broker", 1) > 1
+                else ""
+            )
+            + (
+                f" The broker ran on CPU(s) {', '.join(map(str, meta['broker_cpus']))} and "
+                "everything else (workers, sender, this process) on the others "
+                "(`--broker-cpus`)."
+                if meta.get("broker_cpus")
                 else ""
             )
             + "\n\n"

@@ -189,7 +189,8 @@ def _shmprod_exporter(
 ) -> Callable[[float], int]:
     """The exporter's path: Parquet row groups read with pyarrow, sent whole, and read
     as ``shmprod.export`` reads them: with pyarrow's thread pool in one process, on one
-    thread each when several processes export.
+    thread each when several processes export, into the memory pool its processes use
+    (``shmprod.exporter.reader_memory_pool``).
 
     The reader is warmed up like the producers are, before the clock starts: the first
     ``WARM_ROW_GROUPS`` row groups are read and held together, then dropped. The first
@@ -206,7 +207,9 @@ def _shmprod_exporter(
     import pyarrow.parquet as pq
 
     from shmprod import attach
+    from shmprod.exporter import reader_memory_pool
 
+    reader_memory_pool()  # shmprod.export's processes' allocator (see suite.main)
     path = os.path.join(spec["tmpdir"], f"part-{spec['worker']}.parquet")
     cols = {"value": values} if keys is None else {"value": values, "key": keys}
     pq.write_table(pa.table(cols), path, row_group_size=CHUNK, compression="none")

@@ -82,6 +82,7 @@ from shmprod import Producer, shm
 from shmprod import layout as L
 from shmprod.broker import EmbeddedBroker
 from shmprod.config import DEFAULT_CONNECTIONS_PER_BROKER, ProducerConfig
+from shmprod.exporter import JEMALLOC_CONF, JEMALLOC_CONF_VAR
 
 TOPIC = "bench"
 PARTITIONS = 12
@@ -1133,6 +1134,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.connections_per_broker > 1:
             ceilings.append(_wide_ceiling(args.connections_per_broker))
 
+    # the exporter kind's processes read as shmprod.export's do: with jemalloc keeping
+    # what it frees, which a process must have from its start (its forkserver's)
+    os.environ.setdefault(JEMALLOC_CONF_VAR, JEMALLOC_CONF)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["numpy", "pyarrow", "_peers", "shmprod", "confluent_kafka"])
     prefix = args.out or os.path.join(RESULTS, "suite-quick" if args.quick else "suite")

@@ -42,6 +42,15 @@ fractions are of stays the one-socket replay.
 machine of its own: what is left of a slowdown with more processes is the producers'
 own (``bench/results/scaling-causes.md``).
 
+``--warm-mb N`` (1024; 0: off): the suite holds N MB of memory through each run's set-up
+and lets it go just before the run's clock starts. This machine is a virtual machine that hands
+free memory back to its host, and the first touch of a handed-back page costs about
+5x one just freed (``bench/first_touch.py``). The broker's CPU is mostly page faults,
+so a run whose broker drew on such memory was much slower: which runs did depended on
+what ran before and on when the kernel last handed memory back
+(``bench/results/cold-memory.md``). Held and let go, the memory every run's broker
+faults in was freed a moment before, whatever ran before it.
+
 ``--headers N`` gives every record N headers with an 8-byte value that differs per record
 (the per-record kinds and the ceiling only).
 
@@ -417,12 +426,40 @@ def _pin(pid: int, cpus: set[int] | None) -> None:
             os.sched_setaffinity(int(tid), cpus)
 
 
+class WarmMemory:
+    """``mb`` MB of this process's memory, touched, held through a run's set-up (taken
+    before its broker starts) and let go just before its clock starts (``--warm-mb``),
+    so the run's broker and workers fault in pages that were freed a moment ago, not
+    pages the machine handed back to its host (each costs about 5x to touch first:
+    ``bench/first_touch.py``). Taken for the next run, it touches pages the previous
+    run's processes have just freed."""
+
+    def __init__(self, mb: int) -> None:
+        self.mb = mb
+        self._held: mmap.mmap | None = None
+
+    def take(self) -> None:
+        if self.mb <= 0 or self._held is not None:
+            return
+        self._held = mmap.mmap(-1, self.mb << 20)
+        pages = np.frombuffer(self._held, np.uint8)
+        pages[:: mmap.PAGESIZE] = 1
+        del pages  # no array may export the mapping when it closes
+
+    def let_go(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+
 def measure(
     ctx: Any, kind: str, cell: dict[str, Any], procs: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One run of one kind on a fresh broker; raises if the broker did not get exactly
     the records sent."""
     per_worker = cell["records"] // procs
+    warm = WarmMemory(args.warm_mb)
+    warm.take()  # before the broker starts and the workers set up: they draw on the rest
     reported = [_host_reported_mb()]
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
@@ -436,6 +473,7 @@ def measure(
                 args.headers,
                 broker.pid,
                 1 if kind == CEILING else args.connections_per_broker,
+                warm.let_go,
             )
         producer = None
         sender_pid = None
@@ -490,6 +528,7 @@ def measure(
                 if progress is not None:
                     progress.start()
                 perf = _perf_start(kind, procs)
+                warm.let_go()
                 with contextlib.suppress(threading.BrokenBarrierError):  # a worker failed
                     barrier.wait(300)
                 stall = None
@@ -730,6 +769,7 @@ def _ceiling(
     headers: int,
     broker_pid: int,
     sockets: int = 1,
+    before_clock: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     from shmprod.protocol.compression import LZ4, NONE
     from shmprod.protocol.messages.codec import decode_response, encode_produce_request
@@ -822,6 +862,7 @@ def _ceiling(
         except BaseException as exc:  # reported after the clock
             errors.append(exc)
 
+    before_clock()
     with Watch(int(port), broker_pid) as watch:
         watch.pids.add(os.getpid())
         watch.baseline()
@@ -1081,6 +1122,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run the broker on these CPUs (e.g. 0) and every other process of a "
         "measurement on the rest",
     )
+    parser.add_argument(
+        "--warm-mb",
+        type=_number(int, 0),
+        default=1024,
+        help="MB held through each run's set-up and let go before its clock (0: none)",
+    )
     parser.add_argument("--out", default=None, help="results path prefix")
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
@@ -1260,6 +1307,7 @@ def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
         "stall_broker_s": args.stall_broker,
         "connections_per_broker": args.connections_per_broker,
         "broker_cpus": None if args.broker_cpus is None else sorted(args.broker_cpus),
+        "warm_mb": args.warm_mb,
         "partitions": PARTITIONS,
         "linger_ms": LINGER_MS,
         "python": sys.version.split()[0],
@@ -1345,6 +1393,13 @@ def _markdown(
                 "everything else (workers, sender, this process) on the others "
                 "(`--broker-cpus`)."
                 if meta.get("broker_cpus")
+                else ""
+            )
+            + (
+                f" This process held {meta['warm_mb']:,} MB through each run's set-up and let "
+                "it go just before the run's clock, so every run faulted in memory freed a moment "
+                "before (`--warm-mb`, `bench/results/cold-memory.md`)."
+                if meta.get("warm_mb")
                 else ""
             )
             + "\n\n"

@@ -3,11 +3,13 @@ memory the machine has handed back to its host.
 
 A virtual machine with free page reporting (``/sys/module/page_reporting``) hands free
 memory back to its host, and the host must find a page again before the guest's first
-write to it can finish. The embedded broker's CPU is mostly page faults (about 1,080 pages
-first touched per MB it stores at 100 B, 4.2 times the bytes, most of them pages its
-allocator gave back and took again), so a run whose broker draws on handed-back memory pays several times as much for
-the same faults. The suite holds memory between its runs for that reason (``--warm-mb``
-in ``bench/suite.py``; ``bench/results/cold-memory.md``).
+write to it can finish. The embedded broker's CPU is mostly page faults (about 1,080
+pages first touched per MB it stores at 100 B, 4.2 times the bytes, most of them pages
+its allocator gave back and took again), so a run whose broker draws on handed-back
+memory pays several times as much for the same faults. The suite holds memory through
+each run's set-up for that reason, with :func:`touch` (``--warm-mb`` in
+``bench/suite.py``; ``bench/results/cold-memory.md``), and records what was handed back
+around each run with :func:`reported_mb`.
 
 The measurement: map and touch ``--free-mb`` of anonymous memory, let it go, wait
 ``--wait`` seconds (the kernel reports free memory to the host a few seconds after it
@@ -32,7 +34,7 @@ PAGE = 4096
 REPORTED = "/sys/module/page_reporting/parameters/reported_kib"
 
 
-def _reported_mb() -> float | None:
+def reported_mb() -> float | None:
     """MB of free memory handed back to the host so far (None: not such a machine)."""
     try:
         with open(REPORTED) as f:
@@ -41,7 +43,7 @@ def _reported_mb() -> float | None:
         return None
 
 
-def _touch(mb: int) -> tuple[mmap.mmap, float]:
+def touch(mb: int) -> tuple[mmap.mmap, float]:
     """``mb`` MB of fresh anonymous memory, every page written once; and the CPU
     microseconds that took per page."""
     m = mmap.mmap(-1, mb << 20)
@@ -65,15 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     free_mb = args.free_mb or (2048 if args.quick else 3072)
     touch_mb = args.touch_mb or (3072 if args.quick else 4096)
 
-    r0 = _reported_mb()
-    m, first_us = _touch(free_mb)
+    r0 = reported_mb()
+    m, first_us = touch(free_mb)
     m.close()
     time.sleep(args.wait)
-    r1 = _reported_mb()
+    r1 = reported_mb()
     held = []
     steps: list[dict[str, Any]] = []
     for k in range(touch_mb // args.step_mb):
-        m, us = _touch(args.step_mb)
+        m, us = touch(args.step_mb)
         held.append(m)
         steps.append({"mb_from": k * args.step_mb, "us_per_page": round(us, 2)})
         print(f"{k * args.step_mb:>6,}-{(k + 1) * args.step_mb:,} MB  {us:6.2f} us a page")

@@ -86,6 +86,7 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _peers
+from first_touch import reported_mb, touch
 
 from shmprod import Producer, shm
 from shmprod import layout as L
@@ -441,10 +442,7 @@ class WarmMemory:
     def take(self) -> None:
         if self.mb <= 0 or self._held is not None:
             return
-        self._held = mmap.mmap(-1, self.mb << 20)
-        pages = np.frombuffer(self._held, np.uint8)
-        pages[:: mmap.PAGESIZE] = 1
-        del pages  # no array may export the mapping when it closes
+        self._held, _ = touch(self.mb)
 
     def let_go(self) -> None:
         if self._held is not None:
@@ -460,7 +458,7 @@ def measure(
     per_worker = cell["records"] // procs
     warm = WarmMemory(args.warm_mb)
     warm.take()  # before the broker starts and the workers set up: they draw on the rest
-    reported = [_host_reported_mb()]
+    reported = [reported_mb()]
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic(TOPIC, PARTITIONS)
         assert broker.pid is not None  # started
@@ -521,7 +519,7 @@ def measure(
                 if producer is not None:  # every worker has mapped the pool: shares settled
                     watch.segment_holders.append((os.getpid(), producer.handle.segment))
                 watch.baseline()  # before the clock: the workers wait at the barrier
-                reported.append(_host_reported_mb())
+                reported.append(reported_mb())
                 progress = (
                     Progress(producer.handle.segment, broker.pid) if producer is not None else None
                 )
@@ -547,7 +545,7 @@ def measure(
                 s1 = _cpu(sender_pid)
                 b1, bt1 = _cpu(broker.pid), time.perf_counter()
                 k1, st1 = _kernel(broker.pid), _steal_s()
-                reported.append(_host_reported_mb())
+                reported.append(reported_mb())
                 if stall is not None:
                     stall.join()
                 # every worker has reported: they may now tear down and exit (see
@@ -613,9 +611,6 @@ def measure(
     }
 
 
-HOST_REPORTED = "/sys/module/page_reporting/parameters/reported_kib"
-
-
 def _perf_start(kind: str, procs: int) -> subprocess.Popen[bytes] | None:
     """With ``BENCH_PERF`` set to a directory, a system-wide ``perf record`` of each
     run's timed span (from just before the barrier to the last worker's report), a file
@@ -670,18 +665,6 @@ def _steal_s() -> float | None:
     something else, summed over the cores (None where the system does not count it)."""
     steal = getattr(psutil.cpu_times(), "steal", None)
     return None if steal is None else float(steal)
-
-
-def _host_reported_mb() -> float | None:
-    """MB of free memory this machine's kernel has handed back to its host so far (a
-    virtual machine with free page reporting), or None where it does not. A page handed
-    back costs more to fault in again, and the broker's CPU is mostly page faults: the
-    suite records how much was handed back before and during each run."""
-    try:
-        with open(HOST_REPORTED) as f:
-            return int(f.read()) / 1024
-    except (OSError, ValueError):
-        return None
 
 
 def _delta(a: float | None, b: float | None) -> float | None:

@@ -395,6 +395,49 @@ class BatchFailure(NamedTuple):
     handed_over: bool  # False: the rows never left the process that sent
 
 
+class Stamps:
+    """Each row's CreateTime, kept small until it is asked for: runs of rows in input
+    order, each run one timestamp for all its rows (an int: a ``send_batch`` call without
+    per-row timestamps) or one per row (an array). A call's future then holds no
+    per-row timestamps, and the future of held calls written as one holds one run per
+    call. Runs in: worker."""
+
+    __slots__ = ("n", "runs")
+
+    def __init__(self, runs: list[tuple[int, I64Array | int]]) -> None:
+        self.runs = runs
+        self.n = sum(count for count, _ in runs)
+
+    @classmethod
+    def of(cls, n: int, timestamps_ms: I64Array | int) -> Stamps:
+        """``n`` rows with ``timestamps_ms``: one for all (an int) or one per row."""
+        if not isinstance(timestamps_ms, int) and len(timestamps_ms) != n:
+            raise ValueError("one timestamp per row, or one for every row")
+        return cls([(n, timestamps_ms)])
+
+    def rows(self) -> I64Array:
+        """Every row's timestamp, in a new array."""
+        if all(isinstance(ts, int) for _, ts in self.runs):
+            counts = np.array([count for count, _ in self.runs], dtype=np.int64)
+            values = np.array([ts for _, ts in self.runs], dtype=np.int64)
+            return np.repeat(values, counts)
+        out = np.empty(self.n, np.int64)
+        at = 0
+        for count, ts in self.runs:
+            out[at : at + count] = ts
+            at += count
+        return out
+
+
+def _compact_order(
+    order: npt.NDArray[np.intp] | None,
+) -> npt.NDArray[np.signedinteger[Any]] | None:
+    """``order`` as int32 where every row number fits (half the bytes a future keeps)."""
+    if order is None or len(order) >= 2**31:
+        return order
+    return order.astype(np.int32)
+
+
 class BatchFuture:
     """The outcome of one ``send_batch`` call: the Kafka batches it was split into.
 
@@ -418,11 +461,12 @@ class BatchFuture:
         "_failed",
         "_lock",
         "_metadata",
+        "_n",
         "_order",
         "_outcomes",
         "_partitions",
         "_remaining",
-        "_timestamps",
+        "_stamps",
         "_whole",
         "topic",
     )
@@ -432,22 +476,36 @@ class BatchFuture:
         lock: threading.Lock,
         topic: str,
         partitions: I32Array | None,
-        timestamps_ms: I64Array,
+        timestamps_ms: I64Array | Stamps,
         order: npt.NDArray[np.intp] | None,
         outcomes: list[BatchOutcome],
         counts: list[int],
     ) -> None:
-        """``partitions``/``timestamps_ms``: per input row; ``order``: sorted position ->
-        input row (None: identity); ``outcomes[b]`` covers ``counts[b]`` sorted rows.
-        ``partitions`` None: a held call's future (see :meth:`held`)."""
-        n = len(timestamps_ms) if partitions is None else len(partitions)
+        """``partitions``/``timestamps_ms``: per input row (the timestamps as an array or
+        as :class:`Stamps`); ``order``: sorted position -> input row (None: identity);
+        ``outcomes[b]`` covers ``counts[b]`` sorted rows. ``partitions`` None: a held
+        call's future (see :meth:`held`).
+
+        Until it resolves a future keeps 4 bytes a row for the partitions and 4 for
+        ``order`` (int32), and its timestamps as the call gave them (one int for every
+        row unless given per row); then its :class:`BatchMetadata` (8 more for offsets
+        and 8 for timestamps). Held futures keep views of their whole's."""
+        stamps = (
+            timestamps_ms
+            if isinstance(timestamps_ms, Stamps)
+            else Stamps.of(len(timestamps_ms), timestamps_ms)
+        )
+        n = stamps.n
+        if partitions is not None and len(partitions) != n:
+            raise ValueError("one partition per row")
         if sum(counts) != (0 if partitions is None else n) or len(counts) != len(outcomes):
             raise ValueError("batch counts must cover every row exactly once")
         self._lock = lock
         self.topic = topic
-        self._partitions = np.full(n, -1, np.int32) if partitions is None else partitions
-        self._timestamps = timestamps_ms
-        self._order = order
+        self._n = n
+        self._partitions = partitions  # None: held, not bound yet
+        self._stamps = stamps
+        self._order = _compact_order(order)
         self._outcomes = outcomes
         self._counts = counts
         self._remaining = len(outcomes)
@@ -466,9 +524,11 @@ class BatchFuture:
             o.add_listener(self._on_batch)
 
     @classmethod
-    def held(cls, lock: threading.Lock, topic: str, timestamps_ms: I64Array) -> BatchFuture:
-        """The future of a held call of ``len(timestamps_ms)`` rows, pending until
-        :meth:`_bind` or :meth:`_fail`. Runs in: worker."""
+    def held(
+        cls, lock: threading.Lock, topic: str, timestamps_ms: I64Array | Stamps
+    ) -> BatchFuture:
+        """The future of a held call of as many rows as ``timestamps_ms`` has, pending
+        until :meth:`_bind` or :meth:`_fail`. Runs in: worker."""
         return cls(lock, topic, None, timestamps_ms, None, [], [])
 
     def _bind(self, whole: BatchFuture, lo: int, hi: int) -> None:
@@ -496,9 +556,11 @@ class BatchFuture:
             return
         with self._lock:
             self._error = error
-        n = len(self._timestamps)
+        n = self._n
+        if self._partitions is None:
+            self._partitions = np.full(n, -1, np.int32)
         self._metadata = BatchMetadata(
-            self.topic, self._partitions, np.full(n, -1, np.int64), self._timestamps
+            self.topic, self._partitions, np.full(n, -1, np.int64), self._stamps.rows()
         )
         self._resolve()
 
@@ -522,7 +584,7 @@ class BatchFuture:
                 if len(rows):
                     out.append(BatchFailure(rows - lo, f.error, f.handed_over))
         elif self._error is not None and not self._outcomes:  # held, never handed over
-            out.append(BatchFailure(np.arange(len(self._partitions)), self._error, False))
+            out.append(BatchFailure(np.arange(self._n), self._error, False))
         elif self._error is not None:
             errors: list[tuple[BaseException | None, bool]] = []
             counts: list[int] = []
@@ -560,7 +622,7 @@ class BatchFuture:
 
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self._error else "succeeded")
-        return f"<BatchFuture {self.topic} rows={len(self._partitions)} {state}>"
+        return f"<BatchFuture {self.topic} rows={self._n} {state}>"
 
     def _on_batch(self, outcome: BatchOutcome) -> None:
         with self._lock:
@@ -584,7 +646,8 @@ class BatchFuture:
 
     def _build(self) -> BatchMetadata:
         """Offsets and timestamps of every row, in input order (numpy, no row loop)."""
-        n = len(self._partitions)
+        n = self._n
+        assert self._partitions is not None
         parts: list[tuple[int, int, bool, int]] = []  # count, base offset, ok, append time
         for o, count in zip(self._outcomes, self._counts, strict=True):
             if o.pieces is None:
@@ -604,7 +667,7 @@ class BatchFuture:
         sorted_offsets = np.arange(n, dtype=np.int64) + np.repeat(shift, counts)
         if not valid.all():
             sorted_offsets[~np.repeat(valid, counts)] = -1
-        timestamps = self._timestamps.copy()
+        timestamps = self._stamps.rows()
         use_lat = ok & (lat >= 0)
         if use_lat.any():
             rows = np.repeat(use_lat, counts)

@@ -72,7 +72,7 @@ from shmprod.errors import (
     ShmprodError,
     UnknownPartitionError,
 )
-from shmprod.futures import BatchFuture, BatchOutcome
+from shmprod.futures import BatchFuture, BatchOutcome, Stamps
 from shmprod.partitioner import (
     Murmur2Partitioner,
     PartitionerError,
@@ -579,16 +579,12 @@ def send_batch(
         topic = validate_topic(topic)
     cols = prepare_columns(values, keys, timestamps_ms, headers, time.time_ns() // 1_000_000)
     _check_sizes(port, cols)
-    ts_rows: I64 = (
-        np.full(cols.n, cols.timestamps, np.int64)
-        if isinstance(cols.timestamps, int)
-        else cols.timestamps
-    )
+    stamps = Stamps.of(cols.n, cols.timestamps)  # the future's: no per-row copy of one
     with port.lock:
         port.check_alive()
         port.topic_locked(topic)  # unknown topics fail here, before the flush turn
     if cols.n == 0:
-        return BatchFuture(port.done_lock, topic, np.zeros(0, np.int32), ts_rows, None, [], [])
+        return BatchFuture(port.done_lock, topic, np.zeros(0, np.int32), stamps, None, [], [])
     holdable = partitions is None
     future = held.hold(port, topic, cols) if holdable else None
     if future is not None:
@@ -610,7 +606,7 @@ def send_batch(
         order, outcomes, counts = _write(port, entry, slots, cols, parts, "bulk", created)
     finally:
         port.end_flush()
-    return BatchFuture(port.done_lock, topic, parts, ts_rows, order, outcomes, counts)
+    return BatchFuture(port.done_lock, topic, parts, stamps, order, outcomes, counts)
 
 
 def _write(
@@ -897,6 +893,7 @@ def _write_held(port: AppendPort, calls: HeldCalls) -> None:
     futures to their rows; raises what :func:`_write` raises when nothing was handed
     over. Runs in: worker, holding the flush turn, state lock NOT held."""
     sizes = [c.n for c in calls.chunks]
+    stamps = Stamps([(c.n, c.timestamps) for c in calls.chunks])  # a run per call
     cols = held.concat(calls.chunks)
     with port.lock:
         port.check_alive()
@@ -905,10 +902,7 @@ def _write_held(port: AppendPort, calls: HeldCalls) -> None:
         slots = entry.slots
     created = calls.deadline_ns - port.linger_ns
     order, outcomes, counts = _write(port, entry, slots, cols, parts, "bulk", created)
-    assert not isinstance(cols.timestamps, int)
-    whole = BatchFuture(
-        port.done_lock, calls.topic, parts, cols.timestamps, order, outcomes, counts
-    )
+    whole = BatchFuture(port.done_lock, calls.topic, parts, stamps, order, outcomes, counts)
     calls.flushed = True
     calls.chunks = []
     lo = 0

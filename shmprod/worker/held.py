@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shmprod import speedups
-from shmprod.futures import BatchFuture
+from shmprod.futures import BatchFuture, Stamps
 from shmprod.protocol.columns import join_binary
 from shmprod.worker.port import AppendPort
 from shmprod.worker.staging import (
@@ -78,10 +78,9 @@ def hold(port: AppendPort, topic: str, cols: Columns) -> BatchFuture | None:
             if len(stages) > 1 or not isinstance(last, HeldCalls) or last.nbytes + nbytes > room:
                 return None
             held = last
-        ts = cols.timestamps
-        rows = np.full(cols.n, ts, np.int64) if isinstance(ts, int) else ts.copy()
-        cols.timestamps = rows
-        future = BatchFuture.held(port.done_lock, topic, rows)
+        if not isinstance(cols.timestamps, int):  # the caller may change its array
+            cols.timestamps = cols.timestamps.copy()
+        future = BatchFuture.held(port.done_lock, topic, Stamps.of(cols.n, cols.timestamps))
         held.add(cols, future, nbytes)
         return future
 
@@ -106,6 +105,6 @@ def concat(chunks: list[Columns]) -> Columns:
         keys = join_binary(
             [c.keys if c.keys is not None else pa.nulls(c.n, pa.binary()) for c in chunks]
         )
-    timestamps = np.concatenate([np.asarray(c.timestamps, np.int64) for c in chunks])
+    timestamps = Stamps([(c.n, c.timestamps) for c in chunks]).rows()
     row_bytes = np.concatenate([c.row_bytes for c in chunks])
     return Columns(n, values, keys, timestamps, None, False, 1, row_bytes)

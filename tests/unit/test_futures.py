@@ -18,6 +18,7 @@ from shmprod.futures import (
     OutcomePiece,
     RecordFuture,
     RecordMetadata,
+    Stamps,
 )
 from shmprod.worker.staging import Stage
 
@@ -186,6 +187,31 @@ def test_batch_future_failure_and_partial_result(lock: threading.Lock) -> None:
     md = fut.partial_result(0)
     assert md.offsets.tolist() == [-1, 0, -1, 1, 2, -1]
     assert fut.exception(0) is ei.value
+
+
+def test_stamps_keep_runs_and_give_every_row(lock: threading.Lock) -> None:
+    """A held whole's timestamps: one run per call, an int for a call's one timestamp,
+    an array for per-row ones; rows() gives them in input order, in a new array."""
+    per_row = np.array([7, 8], np.int64)
+    stamps = Stamps([(3, 100), (2, per_row), (0, 5), (1, 200)])
+    assert stamps.n == 6
+    got = stamps.rows()
+    assert got.dtype == np.int64 and got.tolist() == [100, 100, 100, 7, 8, 200]
+    got[3] = 0
+    assert per_row.tolist() == [7, 8]  # a copy, never the caller's array
+    assert Stamps([(2, 9), (1, 10)]).rows().tolist() == [9, 9, 10]
+    assert Stamps.of(0, 1).rows().tolist() == []
+    with pytest.raises(ValueError):
+        Stamps.of(3, np.zeros(2, np.int64))
+    # a future given one timestamp for every row reports it for each
+    parts = np.array([0, 1, 0], np.int32)
+    outcome = BatchOutcome(lock, "t", 0)
+    fut = BatchFuture(lock, "t", parts, Stamps.of(3, 1234), None, [outcome], [3])
+    outcome.succeed(10)
+    md = fut.result(1)
+    assert md.timestamps_ms.tolist() == [1234] * 3 and md.offsets.tolist() == [10, 11, 12]
+    with pytest.raises(ValueError):
+        BatchFuture(lock, "t", parts, Stamps.of(2, 1), None, [outcome], [2])
 
 
 def test_batch_future_empty_and_timeout(lock: threading.Lock) -> None:

@@ -416,11 +416,8 @@ class Stamps:
         return cls([(n, timestamps_ms)])
 
     def rows(self) -> I64Array:
-        """Every row's timestamp, in a new array."""
-        if all(isinstance(ts, int) for _, ts in self.runs):
-            counts = np.array([count for count, _ in self.runs], dtype=np.int64)
-            values = np.array([ts for _, ts in self.runs], dtype=np.int64)
-            return np.repeat(values, counts)
+        """Every row's timestamp, in a new array: one slice assignment per run, that is
+        per call (held calls joined their columns per call too)."""
         out = np.empty(self.n, np.int64)
         at = 0
         for count, ts in self.runs:

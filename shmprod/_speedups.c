@@ -2229,6 +2229,73 @@ done:
     return result;
 }
 
+/* stamp_runs(timestamps, starts, values) -> runs: a flushed stage's timestamps (a list
+ * of int, ms) as runs of rows with one timestamp each: run r starts at row starts[r] and
+ * holds values[r]. starts: a writable int32 buffer, values a writable int64 buffer, each
+ * of at least one entry per row (runs <= rows). send() gives the rows of one millisecond
+ * the same int object, so a row is usually one pointer compare. What np.array of the
+ * list and a np.diff did, without the int64 copy of every row. Runs in: worker. */
+static PyObject *
+stamp_runs(PyObject *mod, PyObject *args)
+{
+    PyObject *ts, *starts_arg, *values_arg;
+    Py_buffer sv, vv;
+    if (!PyArg_ParseTuple(args, "O!OO:stamp_runs", &PyList_Type, &ts, &starts_arg,
+                          &values_arg)) {
+        return NULL;
+    }
+    const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE;
+    if (PyObject_GetBuffer(starts_arg, &sv, flags) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(values_arg, &vv, flags) < 0) {
+        PyBuffer_Release(&sv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ts);
+    if (!is_int32(&sv) || !is_int64(&vv)) {
+        PyErr_SetString(PyExc_TypeError, "starts must be int32 and values int64 buffers");
+        goto done;
+    }
+    if (sv.len / 4 < n || vv.len / 8 < n || n > 0x7FFFFFFF) {
+        PyErr_SetString(PyExc_ValueError, "starts and values need one entry per row");
+        goto done;
+    }
+    int32_t *starts = (int32_t *)sv.buf;
+    long long *values = (long long *)vv.buf;
+    Py_ssize_t runs = 0;
+    PyObject *prev = NULL;
+    long long last = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(ts, i);
+        if (item == prev) {
+            continue;
+        }
+        if (!PyLong_CheckExact(item)) {
+            PyErr_SetString(PyExc_TypeError, "staged timestamps must be ints");
+            goto done;
+        }
+        long long v = PyLong_AsLongLong(item);
+        if (v == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        prev = item;
+        if (runs > 0 && v == last) {
+            continue;
+        }
+        starts[runs] = (int32_t)i;
+        values[runs] = v;
+        last = v;
+        runs++;
+    }
+    result = PyLong_FromSsize_t(runs);
+done:
+    PyBuffer_Release(&vv);
+    PyBuffer_Release(&sv);
+    return result;
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* CRC-32C of a batch whose producer state was rewritten (shmprod.protocol.crc)         */
 /* ------------------------------------------------------------------------------------ */
@@ -2424,6 +2491,9 @@ static PyMethodDef speedups_methods[] = {
      "[(lo, hi, bytes, base_ts, max_ts)]."},
     {"row_places", row_places, METH_VARARGS,
      "row_places(order, counts, row_batch, row_index): each row's batch and index in it."},
+    {"stamp_runs", stamp_runs, METH_VARARGS,
+     "stamp_runs(timestamps, starts, values) -> runs: a list of timestamps as runs of rows "
+     "with one each (int32 starts, int64 values)."},
     {"partition_order", partition_order, METH_VARARGS,
      "partition_order(parts, order) -> (sorted, [(partition, lo, hi)]): rows grouped by "
      "partition, input order kept inside each (order written only when sorted)."},

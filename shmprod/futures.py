@@ -347,12 +347,12 @@ class RecordFuture(FutureCore):
         if o is None:
             assert s.error is not None
             raise s.error
-        assert s.row_index is not None and s.row_partition is not None
+        assert s.row_index is not None
         offset, lat, error = o.record_outcome(int(s.row_index[self._row]))
         if error is not None:
             raise error
-        ts = lat if lat >= 0 else int(s.timestamps[self._row])
-        return RecordMetadata(s.topic, int(s.row_partition[self._row]), offset, ts)
+        ts = lat if lat >= 0 else s.timestamp_of(self._row)
+        return RecordMetadata(s.topic, o.partition, offset, ts)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The record's error, or None once it succeeded; TimeoutError after ``timeout``."""

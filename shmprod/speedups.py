@@ -63,6 +63,7 @@ __all__ = [
     "plan_batches",
     "row_places",
     "staged_lengths",
+    "stamp_runs",
 ]
 
 _time_ns = time.time_ns
@@ -335,6 +336,9 @@ partition_order: Callable[..., tuple[bool, list[tuple[int, int, int]]]] | None =
 )
 #: row_places(order, counts, row_batch, row_index): each row's batch and its index there
 row_places: Callable[..., None] | None = None if _C is None else _C.row_places
+#: stamp_runs(timestamps, starts, values) -> runs: a flushed stage's list of timestamps as
+#: runs of rows with one each (int32 starts, int64 values); shmprod.worker.staging
+stamp_runs: Callable[..., int] | None = None if _C is None else _C.stamp_runs
 #: murmur2_partitions(keys, num_partitions, out): Java's partition of each key (-1: null
 #: key) into an int32 buffer; keys: a list of bytes | None or Arrow binary buffers
 murmur2_partitions: Callable[..., None] | None = None if _C is None else _C.murmur2_partitions

@@ -88,7 +88,7 @@ from shmprod.worker.direct import DirectBatch, arrow_source, staged_source
 from shmprod.worker.direct import plan as direct_plan
 from shmprod.worker.inputs import check_timestamp, encoded_headers
 from shmprod.worker.port import AppendPort, Written
-from shmprod.worker.staging import I64, Columns, HeldCalls, Stage
+from shmprod.worker.staging import I64, Columns, HeldCalls, Stage, stamp_runs
 from shmprod.worker.topics import TopicEntry, validate_topic
 
 if TYPE_CHECKING:
@@ -818,6 +818,7 @@ def flush_stage(
 
 def _flush_stage(port: AppendPort, stage: Stage) -> None:
     n = stage.n
+    stamps = stamp_runs(stage.timestamps)  # what the futures keep; before any hand-over
     keys: pa.Array | list[bytes | None] | None = None
     # a keyed stage answers at its first row (count(None) compares every key with None)
     if n and (stage.keys[0] is not None or stage.keys.count(None) != n):
@@ -867,7 +868,7 @@ def _flush_stage(port: AppendPort, stage: Stage) -> None:
         all_index[keep] = row_index
         outcomes = [*outcomes, lost]
         row_batch, row_index = all_batch, all_index
-    stage.resolve(outcomes, row_batch, row_index, parts)
+    stage.resolve(outcomes, row_batch, row_index, stamps)
 
 
 def _take_rows(cols: Columns, rows: npt.NDArray[np.intp]) -> Columns:

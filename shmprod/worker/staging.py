@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shmprod import speedups
+from shmprod.errors import ProducerError
 from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, _call
 from shmprod.protocol.records import Header
 from shmprod.speedups import StageCore, append_row
@@ -97,8 +98,9 @@ class Stage(StageCore):
         "outcomes",
         "row_batch",
         "row_index",
-        "row_partition",
         "sizes",
+        "stamp_starts",
+        "stamp_values",
         "topic",
     )
 
@@ -127,9 +129,14 @@ class Stage(StageCore):
         self.flushed = False
         self.error: BaseException | None = None
         self.outcomes: list[BatchOutcome] = []
-        self.row_batch: npt.NDArray[np.int32] | None = None
-        self.row_index: npt.NDArray[np.int32] | None = None
-        self.row_partition: npt.NDArray[np.int32] | None = None
+        # once flushed: each row's batch (an index into outcomes) and its index there,
+        # in the smallest unsigned type that holds them (_smallest)
+        self.row_batch: npt.NDArray[np.unsignedinteger[Any] | np.int32] | None = None
+        self.row_index: npt.NDArray[np.unsignedinteger[Any] | np.int32] | None = None
+        # once flushed: the timestamps as runs (stamp_starts[r]: the first row of run r,
+        # whose rows have stamp_values[r]), or one per row (stamp_starts None)
+        self.stamp_starts: npt.NDArray[np.int32] | None = None
+        self.stamp_values: npt.NDArray[np.int64] | None = None
         # each row's key and value length (two int32, -1: None), set by row_lengths
         self.sizes: npt.NDArray[np.int32] | None = None
         self._event: threading.Event | None = None
@@ -224,6 +231,16 @@ class Stage(StageCore):
         self.values = []
         self.sizes = None
 
+    def timestamp_of(self, row: int) -> int:
+        """Row ``row``'s CreateTime (ms): from the runs once flushed, else staged."""
+        values = self.stamp_values
+        if values is None:
+            return int(self.timestamps[row])
+        starts = self.stamp_starts
+        if starts is None:
+            return int(values[row])
+        return int(values[int(np.searchsorted(starts, row, "right")) - 1])
+
     # -- resolving (worker, the flushing thread) ---------------------------------------
 
     def resolve(
@@ -231,14 +248,23 @@ class Stage(StageCore):
         outcomes: list[BatchOutcome],
         row_batch: npt.NDArray[np.int32],
         row_index: npt.NDArray[np.int32],
-        row_partition: npt.NDArray[np.int32],
+        stamps: StampRuns,
     ) -> None:
         """The stage was flushed: row ``r`` is record ``row_index[r]`` of the batch whose
-        outcome is ``outcomes[row_batch[r]]``. Wakes waiters; attaches callbacks."""
+        outcome is ``outcomes[row_batch[r]]`` (its partition is the outcome's). Wakes
+        waiters; attaches callbacks.
+
+        Every future of the stage points at it, so one future kept pins what is kept
+        here for all its rows: each row's batch and index in the smallest unsigned type
+        that holds them (a byte and two for a stage of a few partitions), and the
+        timestamps as runs of rows with the same one (``send`` stamps a millisecond's
+        rows alike; ``stamps``, from :func:`stamp_runs`). It was about 20 bytes a
+        row: the timestamps' list, and the batch, the index and the partition as int32."""
         self.outcomes = outcomes
-        self.row_batch = row_batch
-        self.row_index = row_index
-        self.row_partition = row_partition
+        self.row_batch = _smallest(row_batch, len(outcomes))
+        self.row_index = _smallest(row_index, int(row_index.max()) + 1 if len(row_index) else 0)
+        self.stamp_starts, self.stamp_values = stamps
+        self.timestamps = []
         self._finish()
 
     def fail(self, error: BaseException) -> None:
@@ -285,6 +311,57 @@ class Stage(StageCore):
                 self._callbacks.append((row, fn, fut))
                 return
         self._attach(row, fn, fut)
+
+
+def _smallest(
+    a: npt.NDArray[np.int32], bound: int
+) -> npt.NDArray[np.unsignedinteger[Any] | np.int32]:
+    """``a`` (entries in [0, bound)) in the smallest unsigned type that holds them, or as
+    it is when only int32 does."""
+    if bound <= 1 << 8:
+        return a.astype(np.uint8)
+    if bound <= 1 << 16:
+        return a.astype(np.uint16)
+    return a
+
+
+StampRuns = tuple[npt.NDArray[np.int32] | None, npt.NDArray[np.int64]]
+
+
+def stamp_runs(timestamps: list[int]) -> StampRuns:
+    """Staged timestamps as (starts, values): run ``r`` of rows from ``starts[r]`` has
+    ``values[r]``; when runs would take more than one int64 a row, (None, every row's).
+    In C where built (``speedups.stamp_runs``: a pointer compare a row, where numpy
+    copies every row to int64 first), else numpy. Runs in: worker."""
+    if speedups.stamp_runs is None:
+        return stamp_runs_numpy(timestamps)
+    n = len(timestamps)
+    starts = np.empty(n, np.int32)
+    values = np.empty(n, np.int64)
+    try:
+        runs = speedups.stamp_runs(timestamps, starts, values)
+    except (TypeError, ValueError, OverflowError) as exc:  # staged ints: a bug if so
+        raise ProducerError(f"keeping the staged timestamps: {exc}") from None
+    if _runs_cost_more(runs, n):
+        return None, np.array(timestamps, dtype=np.int64)
+    return starts[:runs].copy(), values[:runs].copy()
+
+
+def stamp_runs_numpy(timestamps: list[int]) -> StampRuns:
+    """:func:`stamp_runs` in numpy (no extension). Runs in: worker."""
+    try:
+        every = np.array(timestamps, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProducerError(f"keeping the staged timestamps: {exc}") from None
+    cuts = np.flatnonzero(every[1:] != every[:-1]) + 1
+    starts = np.concatenate([np.zeros(min(len(every), 1), np.int64), cuts]).astype(np.int32)
+    if _runs_cost_more(len(starts), len(every)):
+        return None, every
+    return starts, every[starts]
+
+
+def _runs_cost_more(runs: int, rows: int) -> bool:
+    return 3 * runs > 2 * rows  # 12 bytes a run against 8 a row
 
 
 @dataclass(slots=True)

@@ -1,10 +1,12 @@
 """A flush's rows grouped by partition and placed in their batches, in C
 (``speedups.partition_order``, ``speedups.row_places``; ``shmprod.worker.bulk._order`` and
-``_row_places``) and in numpy: the same answer for any partitions and cuts, and a typed
-error, never a write outside a buffer, for bad arguments."""
+``_row_places``) and in numpy, and its timestamps kept as runs (``speedups.stamp_runs``,
+``shmprod.worker.staging.stamp_runs``): the same answer for any partitions, cuts and
+timestamps, and a typed error, never a write outside a buffer, for bad arguments."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from shmprod import speedups
 from shmprod.errors import ProducerError
 from shmprod.worker.bulk import _order, _order_numpy, _row_places, _row_places_numpy
+from shmprod.worker.staging import Stage, StampRuns, stamp_runs, stamp_runs_numpy
 
 pytestmark = pytest.mark.skipif(not speedups.ACCELERATED, reason="the C extension is not in use")
 
@@ -118,3 +121,85 @@ def test_a_bad_grouping_is_a_producer_error_not_a_crash() -> None:
         _order(np.array([0, -3], np.int32))
     with pytest.raises(ProducerError):
         _row_places(None, [5], 2)
+
+
+def _every_row(runs: StampRuns, n: int) -> list[int]:
+    starts, values = runs
+    if starts is None:
+        return [int(v) for v in values]
+    return np.repeat(values, np.diff([*starts.tolist(), n])).tolist()
+
+
+@st.composite
+def staged_timestamps(draw: Any) -> list[int]:
+    """Timestamps as send() stages them: runs of one int object (a millisecond's rows),
+    equal ints that are other objects, or any int64 per row."""
+    out: list[int] = []
+    for _ in range(draw(st.integers(0, 12))):
+        ts = draw(st.integers(0, 2**63 - 1))
+        same_object = draw(st.booleans())
+        for _ in range(draw(st.integers(1, 40))):
+            out.append(ts if same_object else int(str(ts)))  # equal, not the same object
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(staged_timestamps())
+def test_c_and_numpy_keep_timestamps_alike(timestamps: list[int]) -> None:
+    got = stamp_runs(timestamps)
+    want = stamp_runs_numpy(timestamps)
+    assert _every_row(got, len(timestamps)) == _every_row(want, len(timestamps)) == timestamps
+    assert (got[0] is None) == (want[0] is None)
+    stage = Stage("t", 0, threading.Lock())
+    stage.stamp_starts, stage.stamp_values = got
+    assert [stage.timestamp_of(r) for r in range(len(timestamps))] == timestamps
+
+
+def test_timestamps_are_kept_as_runs_only_when_smaller() -> None:
+    one_ms = [1_700_000_000_000] * 1000 + [1_700_000_000_001] * 1000
+    starts, values = stamp_runs(one_ms)
+    assert starts is not None and starts.tolist() == [0, 1000] and values.dtype == np.int64
+    every = list(range(100))  # a run per row: 12 bytes a row, against 8 as one array
+    starts, values = stamp_runs(every)
+    assert starts is None and values.tolist() == every
+    starts, values = stamp_runs([])
+    assert starts is not None and len(starts) == len(values) == 0
+
+
+@pytest.mark.parametrize(
+    ("timestamps", "error"),
+    [
+        ([1, "x"], TypeError),  # not an int
+        ([1, 2.0], TypeError),
+        ([2**63], OverflowError),
+        ([-(2**63) - 1], OverflowError),
+        ((1, 2), TypeError),  # not a list
+    ],
+)
+def test_stamp_runs_refuses_bad_arguments(timestamps: Any, error: type[Exception]) -> None:
+    fn = speedups.stamp_runs
+    assert fn is not None
+    with pytest.raises(error):
+        fn(timestamps, np.zeros(4, np.int32), np.zeros(4, np.int64))
+    if isinstance(timestamps, list):
+        with pytest.raises(ProducerError):  # what a flush sees: nothing handed over yet
+            stamp_runs(timestamps)
+
+
+def test_stamp_runs_refuses_outputs_it_cannot_fill() -> None:
+    fn = speedups.stamp_runs
+    assert fn is not None
+    ts = [5, 5, 6]
+    with pytest.raises(ValueError):  # shorter than the rows
+        fn(ts, np.zeros(2, np.int32), np.zeros(3, np.int64))
+    with pytest.raises(ValueError):
+        fn(ts, np.zeros(3, np.int32), np.zeros(2, np.int64))
+    with pytest.raises(TypeError):  # not int32 and int64
+        fn(ts, np.zeros(3, np.int64), np.zeros(3, np.int64))
+    with pytest.raises(TypeError):
+        fn(ts, np.zeros(3, np.int32), np.zeros(3, np.int32))
+    with pytest.raises(BufferError):  # read-only
+        fn(ts, b"\x00" * 12, np.zeros(3, np.int64))
+    starts, values = np.full(3, -1, np.int32), np.full(3, -1, np.int64)
+    assert fn(ts, starts, values) == 2
+    assert starts[:2].tolist() == [0, 2] and values[:2].tolist() == [5, 6]

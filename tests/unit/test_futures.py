@@ -20,7 +20,7 @@ from shmprod.futures import (
     RecordMetadata,
     Stamps,
 )
-from shmprod.worker.staging import Stage
+from shmprod.worker.staging import Stage, stamp_runs
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def record(outcome: BatchOutcome, index: int, timestamp_ms: int) -> RecordFuture
     stage.timestamps.append(timestamp_ms)
     stage.n = 1
     one = np.ones(1, np.int32)
-    stage.resolve([outcome], one * 0, one * index, one * outcome.partition)
+    stage.resolve([outcome], one * 0, one * index, stamp_runs(stage.timestamps))
     return RecordFuture(stage, 0)
 
 
@@ -51,7 +51,9 @@ def test_a_staged_record_waits_for_its_flush(lock: threading.Lock) -> None:
     f.add_done_callback(seen.append)
     o = BatchOutcome(lock, "t", 2)
     one = np.ones(1, np.int32)
-    threading.Timer(0.05, stage.resolve, args=([o], one * 0, one * 4, one * 2)).start()
+    threading.Timer(
+        0.05, stage.resolve, args=([o], one * 0, one * 4, stamp_runs(stage.timestamps))
+    ).start()
     threading.Timer(0.1, o.succeed, args=(100,)).start()
     assert f.result(5) == RecordMetadata("t", 2, 104, 7)
     assert seen == [f]

@@ -21,10 +21,12 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import textwrap
 import tracemalloc
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -122,6 +124,26 @@ def test_the_running_sender_maps_no_numpy_or_arrow(broker: EmbeddedBroker, topic
     assert "numpy" not in maps and "pyarrow" not in maps
 
 
+class _Held:
+    bytes = 0
+
+
+@contextlib.contextmanager
+def _traced_growth() -> Iterator[_Held]:
+    """What the block allocated and still holds after a collection, as tracemalloc
+    counts it (numpy's arrays included), in ``.bytes`` once the block is done."""
+    held = _Held()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        yield held
+        gc.collect()
+        held.bytes = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+
+
 def _random_binary(rng: np.random.Generator, n: int, size: int) -> pa.Array:
     data = rng.integers(0, 256, n * size, dtype=np.uint8)
     offsets = np.arange(0, (n + 1) * size, size, dtype=np.int32)
@@ -144,20 +166,13 @@ def test_resolved_send_batch_futures_keep_24_bytes_a_row(
     rows = sum(n for n, _ in calls)
     with Producer(bootstrap_servers=broker.bootstrap, linger_ms=5) as p:
         p.send_batch(topic_name, *columns[0]).result(30)  # warmed up
-        gc.collect()
-        tracemalloc.start()
-        try:
-            start = tracemalloc.get_traced_memory()[0]
+        with _traced_growth() as kept:
             futures = [p.send_batch(topic_name, v, keys=k) for v, k in columns]
             p.flush(60)
             metadata = [f.result(30) for f in futures]
-            gc.collect()
-            kept = tracemalloc.get_traced_memory()[0] - start
-        finally:
-            tracemalloc.stop()
         assert sum(len(m) for m in metadata) == rows
         assert (metadata[-1].offsets >= 0).all()
-        assert kept / rows <= 26, f"{kept / rows:.1f} bytes a row"
+        assert kept.bytes / rows <= 26, f"{kept.bytes / rows:.1f} bytes a row"
 
 
 def test_a_kept_send_future_pins_few_bytes_of_its_stage(
@@ -174,10 +189,7 @@ def test_a_kept_send_future_pins_few_bytes_of_its_stage(
         p.send(topic_name, b"warm-up", key=b"k").result(30)
         values = [b"%090d" % i for i in range(records)]
         keys = [b"%016d" % (i * 7919) for i in range(records)]
-        gc.collect()
-        tracemalloc.start()
-        try:
-            start = tracemalloc.get_traced_memory()[0]
+        with _traced_growth() as held:
             kept = [  # every 1,000th record's future, as a caller checking now and then
                 f
                 for i, (v, k) in enumerate(zip(values, keys, strict=True))
@@ -185,10 +197,6 @@ def test_a_kept_send_future_pins_few_bytes_of_its_stage(
             ]
             p.flush(60)
             metadata = [f.result(30) for f in kept]
-            gc.collect()
-            held = tracemalloc.get_traced_memory()[0] - start
-        finally:
-            tracemalloc.stop()
         assert len(metadata) == records // 1_000
         assert all(m.offset >= 0 and 0 <= m.partition < 4 for m in metadata)
-        assert held / records <= 6, f"{held / records:.1f} bytes a row"
+        assert held.bytes / records <= 6, f"{held.bytes / records:.1f} bytes a row"

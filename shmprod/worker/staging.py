@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import struct
 import threading
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -135,8 +137,8 @@ class Stage(StageCore):
         self.row_index: npt.NDArray[np.unsignedinteger[Any] | np.int32] | None = None
         # once flushed: the timestamps as runs (stamp_starts[r]: the first row of run r,
         # whose rows have stamp_values[r]), or one per row (stamp_starts None)
-        self.stamp_starts: npt.NDArray[np.int32] | None = None
-        self.stamp_values: npt.NDArray[np.int64] | None = None
+        self.stamp_starts: array[int] | None = None
+        self.stamp_values: array[int] | None = None
         # each row's key and value length (two int32, -1: None), set by row_lengths
         self.sizes: npt.NDArray[np.int32] | None = None
         self._event: threading.Event | None = None
@@ -238,8 +240,8 @@ class Stage(StageCore):
             return int(self.timestamps[row])
         starts = self.stamp_starts
         if starts is None:
-            return int(values[row])
-        return int(values[int(np.searchsorted(starts, row, "right")) - 1])
+            return values[row]
+        return values[bisect_right(starts, row) - 1]
 
     # -- resolving (worker, the flushing thread) ---------------------------------------
 
@@ -325,14 +327,18 @@ def _smallest(
     return a
 
 
-StampRuns = tuple[npt.NDArray[np.int32] | None, npt.NDArray[np.int64]]
+# (starts, values): run r of rows from starts[r] has values[r]; starts None: one a row.
+# Python arrays: a future reads its row's with bisect and an index, a few hundred ns,
+# where numpy's searchsorted and scalars took over a microsecond of every result().
+StampRuns = tuple["array[int] | None", "array[int]"]
 
 
 def stamp_runs(timestamps: list[int]) -> StampRuns:
-    """Staged timestamps as (starts, values): run ``r`` of rows from ``starts[r]`` has
-    ``values[r]``; when runs would take more than one int64 a row, (None, every row's).
-    In C where built (``speedups.stamp_runs``: a pointer compare a row, where numpy
-    copies every row to int64 first), else numpy. Runs in: worker."""
+    """Staged timestamps as (starts, values), int32 and int64 arrays: run ``r`` of rows
+    from ``starts[r]`` has ``values[r]``; when runs would take more than one int64 a
+    row, (None, every row's). In C where built (``speedups.stamp_runs``: a pointer
+    compare a row, where numpy copies every row to int64 first), else numpy. Runs in:
+    worker."""
     if speedups.stamp_runs is None:
         return stamp_runs_numpy(timestamps)
     n = len(timestamps)
@@ -343,8 +349,8 @@ def stamp_runs(timestamps: list[int]) -> StampRuns:
     except (TypeError, ValueError, OverflowError) as exc:  # staged ints: a bug if so
         raise ProducerError(f"keeping the staged timestamps: {exc}") from None
     if _runs_cost_more(runs, n):
-        return None, np.array(timestamps, dtype=np.int64)
-    return starts[:runs].copy(), values[:runs].copy()
+        return None, array("q", timestamps)  # every one an int64: checked in C above
+    return array("i", starts[:runs].tobytes()), array("q", values[:runs].tobytes())
 
 
 def stamp_runs_numpy(timestamps: list[int]) -> StampRuns:
@@ -356,8 +362,8 @@ def stamp_runs_numpy(timestamps: list[int]) -> StampRuns:
     cuts = np.flatnonzero(every[1:] != every[:-1]) + 1
     starts = np.concatenate([np.zeros(min(len(every), 1), np.int64), cuts]).astype(np.int32)
     if _runs_cost_more(len(starts), len(every)):
-        return None, every
-    return starts, every[starts]
+        return None, array("q", every.tobytes())
+    return array("i", starts.tobytes()), array("q", every[starts].tobytes())
 
 
 def _runs_cost_more(runs: int, rows: int) -> bool:

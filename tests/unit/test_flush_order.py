@@ -158,7 +158,8 @@ def test_c_and_numpy_keep_timestamps_alike(timestamps: list[int]) -> None:
 def test_timestamps_are_kept_as_runs_only_when_smaller() -> None:
     one_ms = [1_700_000_000_000] * 1000 + [1_700_000_000_001] * 1000
     starts, values = stamp_runs(one_ms)
-    assert starts is not None and starts.tolist() == [0, 1000] and values.dtype == np.int64
+    assert starts is not None and starts.tolist() == [0, 1000] and values.tolist() == one_ms[::1000]
+    assert (starts.typecode, starts.itemsize, values.typecode) == ("i", 4, "q")
     every = list(range(100))  # a run per row: 12 bytes a row, against 8 as one array
     starts, values = stamp_runs(every)
     assert starts is None and values.tolist() == every

@@ -426,13 +426,17 @@ class Stamps:
         return out
 
 
-def _compact_order(
-    order: npt.NDArray[np.intp] | None,
-) -> npt.NDArray[np.signedinteger[Any]] | None:
-    """``order`` as int32 where every row number fits (half the bytes a future keeps)."""
-    if order is None or len(order) >= 2**31:
-        return order
-    return order.astype(np.int32)
+def smallest_index(a: npt.NDArray[Any], bound: int) -> npt.NDArray[Any]:
+    """``a``, whose entries are in ``[0, bound)``, in the smallest type that holds them
+    (uint8, uint16, int32; as it is beyond): row numbers and batch indexes a future
+    keeps, at a quarter to a half of int32's or int64's bytes. Only ever an index."""
+    if bound <= 1 << 8:
+        return a.astype(np.uint8)
+    if bound <= 1 << 16:
+        return a.astype(np.uint16)
+    if bound <= 1 << 31 and a.dtype != np.int32:
+        return a.astype(np.int32)
+    return a
 
 
 class BatchFuture:
@@ -502,7 +506,7 @@ class BatchFuture:
         self._n = n
         self._partitions = partitions  # None: held, not bound yet
         self._stamps = stamps
-        self._order = _compact_order(order)
+        self._order = None if order is None else smallest_index(order, len(order))
         self._outcomes = outcomes
         self._counts = counts
         self._remaining = len(outcomes)

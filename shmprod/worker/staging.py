@@ -50,7 +50,7 @@ import numpy.typing as npt
 
 from shmprod import speedups
 from shmprod.errors import ProducerError
-from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, _call
+from shmprod.futures import BatchFuture, BatchOutcome, RecordFuture, _call, smallest_index
 from shmprod.protocol.records import Header
 from shmprod.speedups import StageCore, append_row
 from shmprod.worker.inputs import NO_HEADERS
@@ -132,9 +132,9 @@ class Stage(StageCore):
         self.error: BaseException | None = None
         self.outcomes: list[BatchOutcome] = []
         # once flushed: each row's batch (an index into outcomes) and its index there,
-        # in the smallest unsigned type that holds them (_smallest)
-        self.row_batch: npt.NDArray[np.unsignedinteger[Any] | np.int32] | None = None
-        self.row_index: npt.NDArray[np.unsignedinteger[Any] | np.int32] | None = None
+        # in the smallest type that holds them (futures.smallest_index)
+        self.row_batch: npt.NDArray[Any] | None = None
+        self.row_index: npt.NDArray[Any] | None = None
         # once flushed: the timestamps as runs (stamp_starts[r]: the first row of run r,
         # whose rows have stamp_values[r]), or one per row (stamp_starts None)
         self.stamp_starts: array[int] | None = None
@@ -234,10 +234,9 @@ class Stage(StageCore):
         self.sizes = None
 
     def timestamp_of(self, row: int) -> int:
-        """Row ``row``'s CreateTime (ms): from the runs once flushed, else staged."""
+        """Row ``row``'s CreateTime (ms), from the runs kept once flushed."""
         values = self.stamp_values
-        if values is None:
-            return int(self.timestamps[row])
+        assert values is not None, "asked before the stage was resolved"
         starts = self.stamp_starts
         if starts is None:
             return values[row]
@@ -257,14 +256,16 @@ class Stage(StageCore):
         waiters; attaches callbacks.
 
         Every future of the stage points at it, so one future kept pins what is kept
-        here for all its rows: each row's batch and index in the smallest unsigned type
-        that holds them (a byte and two for a stage of a few partitions), and the
+        here for all its rows: each row's batch and index in the smallest type that
+        holds them (a byte and two for a stage of a few partitions), and the
         timestamps as runs of rows with the same one (``send`` stamps a millisecond's
         rows alike; ``stamps``, from :func:`stamp_runs`). It was about 20 bytes a
         row: the timestamps' list, and the batch, the index and the partition as int32."""
         self.outcomes = outcomes
-        self.row_batch = _smallest(row_batch, len(outcomes))
-        self.row_index = _smallest(row_index, int(row_index.max()) + 1 if len(row_index) else 0)
+        self.row_batch = smallest_index(row_batch, len(outcomes))
+        self.row_index = smallest_index(
+            row_index, int(row_index.max()) + 1 if len(row_index) else 0
+        )
         self.stamp_starts, self.stamp_values = stamps
         self.timestamps = []
         self._finish()
@@ -313,18 +314,6 @@ class Stage(StageCore):
                 self._callbacks.append((row, fn, fut))
                 return
         self._attach(row, fn, fut)
-
-
-def _smallest(
-    a: npt.NDArray[np.int32], bound: int
-) -> npt.NDArray[np.unsignedinteger[Any] | np.int32]:
-    """``a`` (entries in [0, bound)) in the smallest unsigned type that holds them, or as
-    it is when only int32 does."""
-    if bound <= 1 << 8:
-        return a.astype(np.uint8)
-    if bound <= 1 << 16:
-        return a.astype(np.uint16)
-    return a
 
 
 # (starts, values): run r of rows from starts[r] has values[r]; starts None: one a row.

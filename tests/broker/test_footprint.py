@@ -155,7 +155,7 @@ def test_resolved_send_batch_futures_keep_24_bytes_a_row(
 ) -> None:
     """What a caller that keeps its ``send_batch`` futures holds once they resolved: the
     partition (4 bytes), the offset (8) and the timestamp (8) of every row, and the sort
-    order of the call's rows (4, int32), for calls held and written together and for
+    order of the call's rows (at most 4, int32), for calls held and written together and for
     calls written at once. A call's one timestamp is not kept per row before it is
     asked for. It was 36-44 bytes a row: every row's timestamp twice, and the order as
     int64."""
@@ -180,7 +180,7 @@ def test_a_kept_send_future_pins_few_bytes_of_its_stage(
 ) -> None:
     """What a caller that keeps some of its ``send`` futures holds once they resolved:
     every future points at its stage, so the stage's rows are pinned. A row keeps its
-    batch and its index in it, each in the smallest unsigned type that holds them, and
+    batch and its index in it, each in the smallest type that holds them, and
     its timestamp as a run of rows with the same one. It was about 20 bytes a row: each
     timestamp in a list, the batch, the index and the partition as int32."""
     broker.create_topic(topic_name, 4)

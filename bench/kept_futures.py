@@ -151,16 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for (keyed, keep), rs in runs.items():
         row: dict[str, Any] = {"keyed": keyed, "keep_every": KEEP_EVERY if keep else 0}
-        for name in ("anon_bytes_per_record", "cpu_ns_per_record", "records_per_s"):
+        names = ["anon_bytes_per_record", "cpu_ns_per_record", "records_per_s"]
+        for name in names + (["result_ns"] if keep else []):  # result(): only when kept
             xs = [r[name] for r in rs]
             row[name] = statistics.median(xs)
             row[name + "_low"] = min(xs)
             row[name + "_high"] = max(xs)
-        if keep:
-            xs = [r["result_ns"] for r in rs]
-            row["result_ns"] = statistics.median(xs)
-            row["result_ns_low"] = min(xs)
-            row["result_ns_high"] = max(xs)
         row["runs"] = rs
         rows.append(row)
     meta = {

@@ -46,10 +46,8 @@ talk to brokers.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
-import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -59,6 +57,8 @@ from shmprod.partitioner_names import check_partitioner_name
 from shmprod.protocol.compression import codec_id
 
 if TYPE_CHECKING:
+    import ssl
+
     from shmprod.protocol.sasl_exchange import SaslCredentials
 
 Serializer = Callable[[Any], bytes | None]
@@ -137,6 +137,8 @@ class ProducerConfig:
         """
         if not self.uses_ssl:
             return None
+        import ssl  # here: a producer without TLS never loads it (about 2 MB a process)
+
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.ssl_cafile is not None:
@@ -244,6 +246,8 @@ def parse_bootstrap(servers: str | Sequence[str]) -> list[tuple[str, int]]:
 
 def unknown_option(raw: str) -> ConfigError:
     """The error for an option name nobody knows, with the closest valid names."""
+    import difflib  # only for this error
+
     known = sorted({f.name for f in dataclasses.fields(ProducerConfig)} | set(JAVA_NAMES))
     close = difflib.get_close_matches(raw, known, n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

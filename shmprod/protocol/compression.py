@@ -42,9 +42,8 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
-import cramjam
 import lz4.block
 import lz4.frame
 
@@ -75,6 +74,15 @@ __all__ = [
     "lz4_stored_whole",
     "slack",
 ]
+
+
+def _cramjam() -> Any:
+    """cramjam (snappy, zstd, gzip at levels 1-2), imported at first use: a producer of lz4
+    or uncompressed batches never maps its library (cramjam has no type stubs)."""
+    import cramjam
+
+    return cramjam
+
 
 Buffer = bytes | bytearray | memoryview
 
@@ -210,7 +218,7 @@ def compress(codec: int, data: Buffer, level: int | None = None) -> bytes:
             del out[n:]
             return bytes(out)
         if codec == ZSTD:
-            return bytes(cramjam.zstd.compress(data, level=_zstd_level(level)))
+            return bytes(_cramjam().zstd.compress(data, level=_zstd_level(level)))
     except CompressionError:
         raise
     except Exception as exc:
@@ -246,11 +254,11 @@ def compress_into(
         if codec == ZSTD:
             if len(mv) < compress_bound(ZSTD, len(data)):
                 # cramjam fails without saying why when the room runs out; go via bytes.
-                packed = bytes(cramjam.zstd.compress(data, level=_zstd_level(level)))
+                packed = bytes(_cramjam().zstd.compress(data, level=_zstd_level(level)))
                 _check_room(len(packed), len(mv))
                 mv[: len(packed)] = packed
                 return len(packed)
-            written: int = cramjam.zstd.compress_into(data, mv, level=_zstd_level(level))
+            written: int = _cramjam().zstd.compress_into(data, mv, level=_zstd_level(level))
             return written
     except CompressionError:
         raise
@@ -270,7 +278,7 @@ def _gzip_compress(data: Buffer, level: int | None) -> bytes:
     if not isinstance(lvl, int) or not -1 <= lvl <= 9:
         raise CompressionError(f"gzip level must be in -1..9, got {level!r}")
     if lvl in _CRAMJAM_GZIP_LEVELS:
-        return bytes(cramjam.gzip.compress(data, level=lvl))
+        return bytes(_cramjam().gzip.compress(data, level=lvl))
     co = zlib.compressobj(lvl, zlib.DEFLATED, 31)
     return co.compress(data) + co.flush()
 
@@ -289,10 +297,11 @@ def _xerial_compress_into(data: Buffer, out: memoryview) -> int:
     _check_room(_XERIAL_HEADER_SIZE, len(out))
     out[:_XERIAL_HEADER_SIZE] = _XERIAL_HEADER
     pos = _XERIAL_HEADER_SIZE
+    snappy = _cramjam().snappy
     for start in range(0, n, XERIAL_BLOCK_SIZE):
         block = src[start : start + XERIAL_BLOCK_SIZE]
-        _check_room(pos + 4 + cramjam.snappy.compress_raw_max_len(block), len(out))
-        written: int = cramjam.snappy.compress_raw_into(block, out[pos + 4 :])
+        _check_room(pos + 4 + snappy.compress_raw_max_len(block), len(out))
+        written: int = snappy.compress_raw_into(block, out[pos + 4 :])
         _BE_I32.pack_into(out, pos, written)
         pos += 4 + written
     return pos
@@ -484,7 +493,7 @@ def _snappy_decompress(data: Buffer, max_size: int) -> bytes:
 
 def _raw_snappy_length(block: memoryview) -> int:
     try:
-        n: int = cramjam.snappy.decompress_raw_len(block)
+        n: int = _cramjam().snappy.decompress_raw_len(block)
     except Exception as exc:
         raise CompressionError(f"corrupt snappy block: {exc}") from None
     return n
@@ -503,9 +512,10 @@ def _raw_snappy_decompress(blocks: list[memoryview], max_size: int) -> bytes:
     out = bytearray(total)
     view = memoryview(out)
     pos = 0
+    snappy = _cramjam().snappy
     for block, n in zip(blocks, sizes, strict=True):
         try:
-            written = cramjam.snappy.decompress_raw_into(block, view[pos : pos + n])
+            written = snappy.decompress_raw_into(block, view[pos : pos + n])
         except Exception as exc:
             raise CompressionError(f"corrupt snappy block: {exc}") from None
         if written != n:
@@ -594,7 +604,7 @@ def _zstd_decompress(data: Buffer, max_size: int) -> bytes:
             raise _too_big(max_size)
         out = bytearray(declared)
         try:
-            n = cramjam.zstd.decompress_into(src, out)
+            n = _cramjam().zstd.decompress_into(src, out)
             if n == declared:
                 return bytes(out)
         except Exception:  # more frames than the first declares: grow below
@@ -603,7 +613,7 @@ def _zstd_decompress(data: Buffer, max_size: int) -> bytes:
     while True:
         out = bytearray(size)
         try:
-            n = cramjam.zstd.decompress_into(src, out)
+            n = _cramjam().zstd.decompress_into(src, out)
         except Exception as exc:
             if size >= max_size:
                 raise CompressionError(

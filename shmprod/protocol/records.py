@@ -36,9 +36,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-import crc32c
-
 from shmprod.errors import CompressionError, DecodeError, EncodeError
+from shmprod.native import load_crc32c
 from shmprod.protocol import compression as _codecs
 from shmprod.protocol import crc as _crc
 from shmprod.protocol.compression import DEFAULT_MAX_DECOMPRESSED, NONE
@@ -119,6 +118,7 @@ LOG_APPEND_TIME: Final = 1
 # The whole header, field order as on the wire (CRC packed as 0 then patched).
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _CRC = struct.Struct(">I")
+_crc32c = load_crc32c()  # crc32c.crc32c, without the package's other imports
 _I32 = struct.Struct(">i")
 _PRODUCER_STATE = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence (43..57)
 
@@ -441,7 +441,7 @@ def _byte_view(buf: Bytes) -> memoryview:
 def batch_crc(buf: Bytes, offset: int, end: int) -> int:
     """CRC-32C of a batch's bytes from ATTRIBUTES to its end."""
     mv = _byte_view(buf)
-    return int(crc32c.crc32c(mv[offset + ATTRIBUTES : end]))
+    return int(_crc32c(mv[offset + ATTRIBUTES : end]))
 
 
 def write_batch_header(

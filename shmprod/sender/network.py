@@ -48,11 +48,10 @@ from __future__ import annotations
 import errno
 import itertools
 import socket
-import ssl
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmprod import __version__
 from shmprod.errors import (
@@ -80,6 +79,9 @@ from shmprod.protocol.messages import (
 from shmprod.protocol.sasl_exchange import SaslCredentials, SaslExchange, SaslStep
 from shmprod.sender.resolver import Address
 from shmprod.sender.units import MS
+
+if TYPE_CHECKING:
+    import ssl  # at run time only with TLS: a producer without it never loads ssl
 
 IOV_MAX = 1024
 RECV_SIZE = 1 << 20
@@ -195,8 +197,8 @@ class NodeConnection:
         self._sasl = sasl
         self._sasl_exchange: SaslExchange | None = None
         self._tls: ssl.SSLObject | None = None
-        self._tls_in = ssl.MemoryBIO()
-        self._tls_out = ssl.MemoryBIO()
+        self._tls_in: ssl.MemoryBIO | None = None  # both made with the TLS session
+        self._tls_out: ssl.MemoryBIO | None = None
         self._cipher: memoryview | None = None  # ciphertext the socket has not taken yet
 
     @property
@@ -254,7 +256,10 @@ class NodeConnection:
     def wants_write(self) -> bool:
         if self.state == ConnState.CONNECTING or self._out:
             return True
-        return self._tls is not None and (self._cipher is not None or self._tls_out.pending > 0)
+        bio = self._tls_out
+        if self._tls is None or bio is None:
+            return False
+        return self._cipher is not None or bio.pending > 0
 
     def close(self) -> list[InFlight]:
         """Closes the socket; returns every request not answered (handshake excluded)."""
@@ -371,6 +376,8 @@ class NodeConnection:
 
     def _flush_tls(self, sock: socket.socket, tls: ssl.SSLObject) -> list[InFlight]:
         """Encrypts queued segments (read in place) and sends the ciphertext."""
+        import ssl  # loaded already with the TLS session
+
         out = self._out
         done: list[InFlight] = []
         while self._send_cipher(sock) and out:
@@ -396,9 +403,11 @@ class NodeConnection:
         while True:
             data = self._cipher
             if data is None:
-                if not self._tls_out.pending:
+                bio = self._tls_out
+                assert bio is not None
+                if not bio.pending:
                     return True
-                data = memoryview(self._tls_out.read())
+                data = memoryview(bio.read())
             try:
                 sent = sock.send(data)
             except (BlockingIOError, InterruptedError):
@@ -422,7 +431,10 @@ class NodeConnection:
                     f"cannot connect to {self.host}:{self.port}: {errno.errorcode.get(err, err)}"
                 )
             if self._ssl_context is not None:
+                import ssl  # loaded already: the context is one of its objects
+
                 self.state = ConnState.TLS_HANDSHAKE
+                self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
                 self._tls = self._ssl_context.wrap_bio(
                     self._tls_in, self._tls_out, server_hostname=self.host
                 )
@@ -475,9 +487,11 @@ class NodeConnection:
 
     def _decrypt(self, data: bytes, now_ns: int) -> bytes:
         """Ciphertext in, plaintext out (advancing the TLS handshake first if needed)."""
-        tls = self._tls
-        assert tls is not None
-        self._tls_in.write(data)
+        import ssl  # loaded already with the TLS session
+
+        tls, bio = self._tls, self._tls_in
+        assert tls is not None and bio is not None
+        bio.write(data)
         if self.state == ConnState.TLS_HANDSHAKE and not self._tls_step(now_ns):
             return b""
         chunks: list[bytes] = []
@@ -497,6 +511,8 @@ class NodeConnection:
 
     def _tls_step(self, now_ns: int) -> bool:
         """Advances the TLS handshake; True once done (ApiVersions is then queued)."""
+        import ssl  # loaded already with the TLS session
+
         tls = self._tls
         assert tls is not None
         peer = f"{self.host}:{self.port}"

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import time
 
-import psutil
-
 from shmprod import layout as L
 from shmprod.errors import (
     OwnerDiedError,
@@ -27,6 +25,7 @@ from shmprod.errors import (
     ShmprodError,
     error_from_code,
 )
+from shmprod.ipc import process_state
 
 __all__ = ["alive", "cause_after_break", "cause_from_header", "cause_without_segment"]
 
@@ -37,16 +36,12 @@ def alive(pid: int, start_us: int = 0) -> bool:
     """Whether process ``pid`` runs (and, given its start time, is still that process)."""
     if pid <= 0:
         return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        # a start time that differs: the pid was reused by another process
-        return not start_us or abs(int(proc.create_time() * 1_000_000) - start_us) <= 1_000_000
-    except psutil.NoSuchProcess:
+    found = process_state(pid)
+    if found is None or found[0] == "Z":
         return False
-    except psutil.AccessDenied:
-        return True
+    started = found[1]  # 0: not readable here, taken as running
+    # a start time that differs: the pid was reused by another process
+    return not start_us or not started or abs(started - start_us) <= 1_000_000
 
 
 def cause_from_header(view: memoryview) -> ShmprodError:

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmprod import speedups
+from shmprod import native, speedups
 from shmprod.errors import DecodeError
 from shmprod.protocol import crc
 from shmprod.protocol import records as R
+from tests.support.procs import python_output
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -86,3 +87,32 @@ def test_validate_without_crc_reads_the_header_only() -> None:
     with pytest.raises(DecodeError, match="CRC mismatch"):
         R.validate_batch(batch, 0, len(batch))
     assert R.validate_batch(batch, 0, len(batch), check_crc=False).record_count == 1
+
+
+@SETTINGS
+@given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
+def test_the_crc_loaded_alone_is_the_package_s(data: bytes, start: int) -> None:
+    """Batches are checksummed by the crc32c package's extension loaded by itself (not
+    its ``__init__``, which imports ``importlib.metadata`` and a command line)."""
+    fn = native.load_crc32c()
+    assert fn(data) == crc32c.crc32c(data)
+    assert fn(memoryview(data), start) == crc32c.crc32c(data, start)
+    assert fn(b"123456789") == 0xE3069283  # the check value of CRC-32C
+
+
+def test_a_crc32c_package_of_another_layout_is_imported_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(native.importlib.util, "find_spec", lambda name: None)
+    fn = native.load_crc32c()
+    assert fn is crc32c.crc32c and fn(b"123456789") == 0xE3069283
+
+
+def test_a_fresh_process_checksums_without_the_package_s_other_imports() -> None:
+    out = python_output(
+        "import sys; from shmprod.protocol import records as R;"
+        " print(R.batch_crc(b'x' * 80, 0, 80),"
+        " sorted(m for m in ('importlib.metadata', 'argparse', 'crc32c') if m in sys.modules))",
+        timeout=60,
+    )
+    assert out.split(None, 1) == [str(crc32c.crc32c(b"x" * 59)), "[]\n"], out

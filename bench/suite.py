@@ -496,6 +496,7 @@ def measure(
                 acks="all",
                 compression_type=cell["compression"],
                 connections_per_broker=args.connections_per_broker,
+                buffer_memory=args.buffer_mb * MIB,
             )
             producer.send(TOPIC, b"warm-up").result(timeout=30)  # metadata known
             spec["handle"] = producer.handle
@@ -741,6 +742,8 @@ def _cpu(pid: int | None) -> float:
 # ---------------------------------------------------------------------------------
 
 BATCH_BYTES: int = ProducerConfig.__dataclass_fields__["batch_size"].default  # the default
+MIB = 1024 * 1024
+DEFAULT_BUFFER_MB: int = ProducerConfig.__dataclass_fields__["buffer_memory"].default // MIB
 IN_FLIGHT = 5
 PRODUCE_VERSION = 9
 
@@ -1087,6 +1090,12 @@ def main(argv: list[str] | None = None) -> int:
         "default); above 1 the ceiling is also measured over as many sockets",
     )
     parser.add_argument(
+        "--buffer-mb",
+        type=_number(int, 1),
+        default=DEFAULT_BUFFER_MB,
+        help=f"shmprod's pool, MiB (buffer_memory; {DEFAULT_BUFFER_MB}, its default)",
+    )
+    parser.add_argument(
         "--mb",
         type=_number(int, 1),
         default=250,
@@ -1289,6 +1298,7 @@ def _meta(args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
         "headers": args.headers,
         "stall_broker_s": args.stall_broker,
         "connections_per_broker": args.connections_per_broker,
+        "buffer_mb": args.buffer_mb,
         "broker_cpus": None if args.broker_cpus is None else sorted(args.broker_cpus),
         "warm_mb": args.warm_mb,
         "partitions": PARTITIONS,

@@ -1,5 +1,6 @@
 """A process pays for what it uses: sending never imports pandas, ``send()`` alone never
-imports Arrow, and the sender never imports numpy or Arrow.
+imports Arrow, the sender never imports numpy or Arrow, and neither loads modules of
+options it does not use (TLS, snappy and zstd; nor psutil, ``importlib.metadata``).
 
 ``pyarrow.array()`` imports pandas whenever pandas is installed: 0.2-0.3 s and tens of
 MB in every process that sends. The first flush of each attached process used to do it,
@@ -28,6 +29,7 @@ import textwrap
 import tracemalloc
 from collections.abc import Iterator
 
+import crc32c
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -212,3 +214,15 @@ def test_a_kept_send_future_pins_few_bytes_of_its_stage(
         assert len(metadata) == records // 1_000
         assert all(m.offset >= 0 and 0 <= m.partition < 4 for m in metadata)
         assert held.bytes / records <= 6, f"{held.bytes / records:.1f} bytes a row"
+
+
+def test_a_fresh_process_checksums_without_the_package_s_other_imports() -> None:
+    """The crc32c package's extension is loaded by itself: its ``__init__`` imports
+    ``importlib.metadata`` and a command line (about 4 MB a process)."""
+    out = python_output(
+        "import sys; from shmprod.protocol import records as R;"
+        " print(R.batch_crc(b'x' * 80, 0, 80),"
+        " sorted(m for m in ('importlib.metadata', 'argparse', 'crc32c') if m in sys.modules))",
+        timeout=60,
+    )
+    assert out.split(None, 1) == [str(crc32c.crc32c(b"x" * 59)), "[]\n"], out

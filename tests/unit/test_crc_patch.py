@@ -13,7 +13,6 @@ from shmprod import native, speedups
 from shmprod.errors import DecodeError
 from shmprod.protocol import crc
 from shmprod.protocol import records as R
-from tests.support.procs import python_output
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -106,13 +105,3 @@ def test_a_crc32c_package_of_another_layout_is_imported_whole(
     monkeypatch.setattr(native.importlib.util, "find_spec", lambda name: None)
     fn = native.load_crc32c()
     assert fn is crc32c.crc32c and fn(b"123456789") == 0xE3069283
-
-
-def test_a_fresh_process_checksums_without_the_package_s_other_imports() -> None:
-    out = python_output(
-        "import sys; from shmprod.protocol import records as R;"
-        " print(R.batch_crc(b'x' * 80, 0, 80),"
-        " sorted(m for m in ('importlib.metadata', 'argparse', 'crc32c') if m in sys.modules))",
-        timeout=60,
-    )
-    assert out.split(None, 1) == [str(crc32c.crc32c(b"x" * 59)), "[]\n"], out

@@ -75,7 +75,7 @@ def test_sending_never_imports_pandas(broker: EmbeddedBroker, topic_name: str) -
 # Modules a producer of plaintext, lz4 or uncompressed batches never loads: ssl (TLS
 # only), cramjam (snappy, zstd), psutil (/proc is read instead), importlib.metadata and
 # argparse (the crc32c package's __init__; its extension is loaded alone), difflib (the
-# error for an unknown option). About 7 MB of PSS in the sender and in each worker.
+# error for an unknown option). About 4-5 MB a process (bench/results/lean-imports.md).
 OPTIONAL = ("argparse", "cramjam", "difflib", "importlib.metadata", "psutil", "ssl")
 
 _SEND_ONLY = textwrap.dedent(

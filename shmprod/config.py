@@ -12,7 +12,7 @@ names (``"bootstrap.servers"``, ``"linger.ms"``). An unknown or ill-typed option
 | acks | "all" (-1) | acks (all) |
 | linger_ms | 5 | linger.ms (5) |
 | batch_size | 524288 | batch.size (16384): larger batches cut the broker's per-batch cost (librdkafka: 1000000) |
-| buffer_memory | 67108864 | buffer.memory (32 MiB): one pool for the whole host |
+| buffer_memory | 67108864 | buffer.memory (32 MiB): one pool for the whole host (bench/results/pool-size.md) |
 | max_block_ms | 60000 | max.block.ms (60000) |
 | compression_type | "none" | compression.type (none) |
 | compression_level | None | compression.{gzip,lz4,zstd}.level |

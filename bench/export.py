@@ -13,9 +13,15 @@ linger 5 ms, idempotence on, by:
   the table (pickled, as ``export`` hands batches to its pool) and producing every row
   with ``produce`` into a producer of its own, then ``flush``.
 
+* ``shmprod export (Parquet)``: ``shmprod.export(path, ...)`` of a Parquet file of the
+  same table, in row groups of ``--row-group-rows`` (10,000; uncompressed, written
+  once before the runs), as ``shmprod export FILE`` reads it.
+
 The clock runs from the call to the last acknowledgement; every run reads the topic
-back and fails unless it holds exactly the rows. Medians of the runs with min and max;
-JSON and markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
+back and fails unless it holds exactly the rows. CPU: every process the run started
+and saw end (the pool's, and shmprod's sender; the broker apart), per GB of keys and
+values. Medians of the runs with min and max; JSON and markdown in ``bench/results/``
+(``export-quick.*`` for quick runs).
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -89,11 +97,11 @@ def _confluent(bootstrap: str, table: pa.Table, workers: int) -> None:
         raise RuntimeError(f"confluent-kafka sent {sent} of {n}")
 
 
-def _shmprod(bootstrap: str, table: pa.Table, workers: int) -> None:
+def _shmprod(bootstrap: str, table: pa.Table, workers: int, source: Any = None) -> None:
     import shmprod
 
     r = shmprod.export(
-        table,
+        table if source is None else source,
         TOPIC,
         bootstrap_servers=bootstrap,
         key="key",
@@ -107,23 +115,40 @@ def _shmprod(bootstrap: str, table: pa.Table, workers: int) -> None:
         raise RuntimeError(f"shmprod export acknowledged {r.records} of {table.num_rows}")
 
 
-KINDS = {"shmprod export": _shmprod, "confluent-kafka": _confluent}
+def _shmprod_parquet(bootstrap: str, table: pa.Table, workers: int) -> None:
+    _shmprod(bootstrap, table, workers, PARQUET[0])
 
 
-def measure(kind: str, table: pa.Table, workers: int) -> float:
-    """One run on a fresh broker: rows/s, after checking the topic holds every row."""
+KINDS = {
+    "shmprod export": _shmprod,
+    "shmprod export (Parquet)": _shmprod_parquet,
+    "confluent-kafka": _confluent,
+}
+PARQUET: list[str] = []  # the Parquet file of the table
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(kind: str, table: pa.Table, workers: int) -> tuple[float, float]:
+    """One run on a fresh broker: (rows/s, CPU s per GB), after checking the topic holds
+    every row."""
 
     from shmprod.broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         broker.create_topic(TOPIC, PARTITIONS)
+        cpu0 = _children_cpu()
         t0 = time.perf_counter()
         KINDS[kind](broker.bootstrap, table, workers)
         seconds = time.perf_counter() - t0
+        cpu = _children_cpu() - cpu0
         got = count_back(broker.bootstrap, table.num_rows, topic=TOPIC, partitions=PARTITIONS)
     if got != table.num_rows:
         raise RuntimeError(f"{kind}: the topic holds {got} records, {table.num_rows} were sent")
-    return table.num_rows / seconds
+    return table.num_rows / seconds, cpu / (table.num_rows * (VALUE_SIZE + 16)) * 1e9
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--row-group-rows",
+        type=int,
+        default=10_000,
+        help="the Parquet file's rows per row group (10,000)",
+    )
     args = parser.parse_args(argv)
     # quick runs as many rows: at 200,000 the fixed costs (pools, producers, the
     # idempotent producers' ids) are most of the time and tell another story
@@ -139,28 +170,43 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or (1 if args.quick else 3)
     values, keys = make_columns(11, rows, VALUE_SIZE, True)
     table = pa.table({"value": values, "key": keys})
-    results: dict[str, list[float]] = {k: [] for k in KINDS}
-    t0 = time.monotonic()
-    for run in range(runs):  # interleaved: each run measures every kind once
-        for kind in KINDS if run % 2 == 0 else reversed(KINDS):
-            rate = measure(kind, table, args.workers)
-            results[kind].append(rate)
-            print(f"run {run + 1}/{runs} {kind}: {rate:,.0f} rows/s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="shmprod-export-bench-") as tmp:
+        import pyarrow.parquet as pq
+
+        PARQUET[:] = [os.path.join(tmp, "table.parquet")]
+        pq.write_table(table, PARQUET[0], row_group_size=args.row_group_rows, compression="none")
+        results: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
+        t0 = time.monotonic()
+        for run in range(runs):  # interleaved: each run measures every kind once
+            for kind in KINDS if run % 2 == 0 else reversed(KINDS):
+                rate, cpu = measure(kind, table, args.workers)
+                results[kind].append((rate, cpu))
+                print(
+                    f"run {run + 1}/{runs} {kind}: {rate:,.0f} rows/s, {cpu:.2f} CPU s/GB",
+                    flush=True,
+                )
     rows_out = {
         k: {
-            "median": statistics.median(v),
-            "min": min(v),
-            "max": max(v),
-            "runs": v,
+            "median": statistics.median(r for r, _ in v),
+            "min": min(r for r, _ in v),
+            "max": max(r for r, _ in v),
+            "runs": [r for r, _ in v],
+            "cpu_s_per_gb": statistics.median(c for _, c in v),
+            "cpu_min": min(c for _, c in v),
+            "cpu_max": max(c for _, c in v),
         }
         for k, v in results.items()
     }
     ratio = rows_out["shmprod export"]["median"] / rows_out["confluent-kafka"]["median"]
+    ratio_parquet = (
+        rows_out["shmprod export (Parquet)"]["median"] / rows_out["confluent-kafka"]["median"]
+    )
     meta = {
         "quick": args.quick,
         "rows": rows,
         "runs": runs,
         "workers": args.workers,
+        "parquet_row_group_rows": args.row_group_rows,
         "value_size": VALUE_SIZE,
         "key_size": 16,
         "compression": "lz4",
@@ -174,20 +220,33 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(RESULTS, exist_ok=True)
     prefix = os.path.join(RESULTS, "export-quick" if args.quick else "export")
     with open(prefix + ".json", "w", encoding="utf-8") as f:
-        json.dump({"meta": meta, "results": rows_out, "ratio": ratio}, f, indent=2)
+        json.dump(
+            {"meta": meta, "results": rows_out, "ratio": ratio, "ratio_parquet": ratio_parquet},
+            f,
+            indent=2,
+        )
     lines = [
         f"# export: {rows:,} rows of {VALUE_SIZE} B values, 16 B keys, lz4, "
-        f"{args.workers} processes, {runs} run(s)",
+        f"{args.workers} processes, {runs} run(s); the Parquet file in row groups of "
+        f"{args.row_group_rows:,} rows",
         "",
         f"{meta['cpu']}; Python {meta['python']}; "
         + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         "",
-        "| producer | rows/s (median) | min | max |",
-        "|---|---|---|---|",
+        "| producer | rows/s (median) | min | max | CPU s/GB (min - max) |",
+        "|---|---|---|---|---|",
     ]
     for k, r in rows_out.items():
-        lines.append(f"| {k} | {r['median']:,.0f} | {r['min']:,.0f} | {r['max']:,.0f} |")
-    lines += ["", f"shmprod export / confluent-kafka: **{ratio:.2f}x**", ""]
+        lines.append(
+            f"| {k} | {r['median']:,.0f} | {r['min']:,.0f} | {r['max']:,.0f} "
+            f"| {r['cpu_s_per_gb']:.2f} ({r['cpu_min']:.2f} - {r['cpu_max']:.2f}) |"
+        )
+    lines += [
+        "",
+        f"shmprod export / confluent-kafka: **{ratio:.2f}x** (the table), "
+        f"**{ratio_parquet:.2f}x** (the Parquet file)",
+        "",
+    ]
     with open(prefix + ".md", "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))

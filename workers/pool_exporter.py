@@ -4,8 +4,9 @@ on :func:`shmprod.export` (the same as ``shmprod export``).
     python -m workers.pool_exporter --bootstrap 127.0.0.1:9092 --topic events \\
         --input events.parquet --value-column payload --key-column user_id --workers 4
 
-Parquet, Arrow IPC, CSV or JSON-lines files (a file, glob or directory); one job per
-Parquet row group, read and sent by the pool process itself with ``send_batch``.
+Parquet, Arrow IPC, CSV or JSON-lines files (a file, glob or directory); a job per
+file, or for Parquet a run of row groups, read and sent by the pool process itself
+with ``send_batch``.
 """
 
 from __future__ import annotations

@@ -53,8 +53,10 @@ __all__ = ["ExportError", "ExportReport", "Plan", "export", "prepare"]
 
 JSON: Final = "json"
 BATCH_ROWS: Final = 65_536
-# a Parquet job's rows, at least: consecutive row groups of a file (_row_group_runs)
+# a Parquet job: consecutive row groups of a file, until it holds this many rows or
+# bytes (uncompressed, as the file's metadata gives them) (_row_group_runs)
 JOB_ROWS: Final = BATCH_ROWS
+JOB_BYTES: Final = 64 << 20
 MAX_ERRORS: Final = 10
 FORMATS: Final = {
     ".parquet": "parquet",
@@ -455,7 +457,7 @@ def _file_jobs(
     total: int | None = 0
     options = tuple(sorted(read_options.items()))
     threads = workers == 1
-    groups: list[tuple[str, list[int]]] = []  # a Parquet file's rows per row group
+    groups: list[tuple[str, list[tuple[int, int]]]] = []  # (rows, bytes) per row group
     for path in files:
         try:
             if fmt == "parquet":
@@ -464,7 +466,8 @@ def _file_jobs(
                 meta = pq.ParquetFile(path)
                 _check(meta.schema_arrow, c, path)
                 md = meta.metadata
-                groups.append((path, [md.row_group(g).num_rows for g in range(md.num_row_groups)]))
+                row_groups = [md.row_group(g) for g in range(md.num_row_groups)]
+                groups.append((path, [(r.num_rows, r.total_byte_size) for r in row_groups]))
                 if total is not None:
                     total += md.num_rows
             else:
@@ -483,15 +486,16 @@ def _file_jobs(
             raise ConfigError(f"cannot read {path!r}: {exc}") from None
     if groups:
         target = min(JOB_ROWS, -(-(total or 0) // (2 * workers)))
-        for path, rows in groups:
-            for run in _row_group_runs(rows, target):
+        for path, sizes in groups:
+            for run in _row_group_runs(sizes, target, JOB_BYTES):
                 jobs.append(Job(topic, c, path, fmt, run, options, threads=threads))
     return jobs, total
 
 
-def _row_group_runs(rows: list[int], target: int) -> list[tuple[int, ...]]:
-    """A Parquet file's row groups cut into runs of consecutive ones, each of at least
-    ``target`` rows (the last may have fewer), given each group's rows.
+def _row_group_runs(sizes: list[tuple[int, int]], rows: int, nbytes: int) -> list[tuple[int, ...]]:
+    """A Parquet file's row groups cut into runs of consecutive ones, given each
+    group's (rows, bytes): a run ends where it holds at least ``rows`` rows or
+    ``nbytes`` bytes (the last run may hold less).
 
     Why: every job pays for itself. Its file is opened, its rows flushed, and every one
     of them acknowledged before its process takes the next job. Each flush writes a
@@ -500,19 +504,22 @@ def _row_group_runs(rows: list[int], target: int) -> list[tuple[int, ...]]:
     processes, ``bench/results/export-row-group-runs.md``) made 0.70 M records/s
     against 0.95 M with these runs, and spent 17% more CPU per GB.
 
-    ``target`` is :data:`JOB_ROWS`, less where that would give a process under two
-    jobs. A run is read one row group at a time (:func:`_batches`), so a long run holds
-    no more memory than a short one. Runs in: the caller.
+    ``rows`` is :data:`JOB_ROWS`, less where that would give a process under two jobs.
+    The bytes (:data:`JOB_BYTES`) keep a job of wide rows as short as one of 1 KB rows:
+    a process that dies leaves its unfinished jobs sent in part, and the progress shows
+    finished jobs. A run is read one row group at a time (:func:`_batches`), so a long
+    run holds no more memory than a short one. Runs in: the caller.
     """
     runs: list[tuple[int, ...]] = []
     run: list[int] = []
-    held = 0
-    for g, n in enumerate(rows):
+    held_rows = held_bytes = 0
+    for g, (n, b) in enumerate(sizes):
         run.append(g)
-        held += n
-        if held >= target:
+        held_rows += n
+        held_bytes += b
+        if held_rows >= rows or held_bytes >= nbytes:
             runs.append(tuple(run))
-            run, held = [], 0
+            run, held_rows, held_bytes = [], 0, 0
     if run:
         runs.append(tuple(run))
     return runs

@@ -7,32 +7,42 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shmprod import exporter
 from shmprod.exporter import JOB_ROWS, Columns, Job, _batches, _row_group_runs, prepare
+
+_sizes = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 5_000)), max_size=40)
 
 
 @settings(max_examples=300, deadline=None)
-@given(rows=st.lists(st.integers(0, 200), max_size=40), target=st.integers(0, 500))
-def test_runs_cover_every_row_group_once_in_order(rows: list[int], target: int) -> None:
-    """Every row group once, in order; every run but the last holds at least ``target``
-    rows, and would not without its last group (no run is longer than it needs)."""
-    runs = _row_group_runs(rows, target)
-    assert [g for run in runs for g in run] == list(range(len(rows)))
+@given(sizes=_sizes, rows=st.integers(0, 500), nbytes=st.integers(0, 20_000))
+def test_runs_cover_every_row_group_once_in_order(
+    sizes: list[tuple[int, int]], rows: int, nbytes: int
+) -> None:
+    """Every row group once, in order; every run but the last reaches ``rows`` rows or
+    ``nbytes`` bytes, and would reach neither without its last group (no run is longer
+    than it needs)."""
+    runs = _row_group_runs(sizes, rows, nbytes)
+    assert [g for run in runs for g in run] == list(range(len(sizes)))
     for i, run in enumerate(runs):
         assert run, "an empty run"
-        held = sum(rows[g] for g in run)
+        held_rows = sum(sizes[g][0] for g in run)
+        held_bytes = sum(sizes[g][1] for g in run)
         if i < len(runs) - 1:
-            assert held >= target
-        assert held - rows[run[-1]] < target or len(run) == 1
+            assert held_rows >= rows or held_bytes >= nbytes
+        last_rows, last_bytes = sizes[run[-1]]
+        assert len(run) == 1 or (held_rows - last_rows < rows and held_bytes - last_bytes < nbytes)
 
 
-def _file(path: Path, rows: int, group: int) -> Path:
+def _file(path: Path, rows: int, group: int, width: int = 0) -> Path:
     pq.write_table(
-        pa.table({"v": pa.array([b"%d" % i for i in range(rows)], pa.binary())}),
+        pa.table({"v": pa.array([b"%d" % i + b"x" * width for i in range(rows)], pa.binary())}),
         path,
         row_group_size=group,
+        compression="none",
     )
     return path
 
@@ -48,6 +58,26 @@ def test_small_row_groups_make_jobs_of_several(tmp_path: Path) -> None:
     jobs = list(prepare(big, "t", value="v", workers=4).jobs)  # 25,000 rows a job
     assert [len(j.row_groups or ()) for j in jobs] == [25] * 8
     assert [g for j in jobs for g in j.row_groups or ()] == list(range(200))
+
+
+def test_wide_rows_make_jobs_of_fewer_row_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run also ends at JOB_BYTES (here 50,000) of the groups' uncompressed bytes, as
+    the file's metadata gives them: rows of 1 KB in row groups of 10 hold 10-13 KB a
+    group, so a run ends at its fifth group or earlier, long before 100 rows (the rows
+    a job may hold here, 200 rows over two jobs a process)."""
+    monkeypatch.setattr(exporter, "JOB_BYTES", 50_000)
+    path = _file(tmp_path / "wide.parquet", 200, 10, width=1_000)
+    md = pq.ParquetFile(path).metadata
+    nbytes = [md.row_group(g).total_byte_size for g in range(md.num_row_groups)]
+    assert all(10_000 < b < 13_000 for b in nbytes)
+    jobs = list(prepare(path, "t", value="v", workers=1).jobs)
+    assert [g for j in jobs for g in j.row_groups or ()] == list(range(20))
+    for j in jobs[:-1]:
+        held = [nbytes[g] for g in j.row_groups or ()]
+        assert sum(held) >= 50_000 > sum(held[:-1])
+        assert len(held) <= 5
 
 
 def test_large_row_groups_stay_a_job_each(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ values. Medians of the runs with min and max; JSON and markdown in ``bench/resul
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -35,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -98,6 +100,7 @@ def _confluent(bootstrap: str, table: pa.Table, workers: int) -> None:
 
 
 def _shmprod(bootstrap: str, table: pa.Table, workers: int, source: Any = None) -> None:
+    """``shmprod.export`` of ``source`` (a path), or of the table itself."""
     import shmprod
 
     r = shmprod.export(
@@ -115,26 +118,16 @@ def _shmprod(bootstrap: str, table: pa.Table, workers: int, source: Any = None) 
         raise RuntimeError(f"shmprod export acknowledged {r.records} of {table.num_rows}")
 
 
-def _shmprod_parquet(bootstrap: str, table: pa.Table, workers: int) -> None:
-    _shmprod(bootstrap, table, workers, PARQUET[0])
-
-
-KINDS = {
-    "shmprod export": _shmprod,
-    "shmprod export (Parquet)": _shmprod_parquet,
-    "confluent-kafka": _confluent,
-}
-PARQUET: list[str] = []  # the Parquet file of the table
-
-
 def _children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
 
-def measure(kind: str, table: pa.Table, workers: int) -> tuple[float, float]:
-    """One run on a fresh broker: (rows/s, CPU s per GB), after checking the topic holds
-    every row."""
+def measure(
+    kind: str, send: Callable[[str, pa.Table, int], None], table: pa.Table, workers: int
+) -> tuple[float, float]:
+    """One run of ``send`` on a fresh broker: (rows/s, CPU s per GB), after checking the
+    topic holds every row."""
 
     from shmprod.broker import EmbeddedBroker
 
@@ -142,7 +135,7 @@ def measure(kind: str, table: pa.Table, workers: int) -> tuple[float, float]:
         broker.create_topic(TOPIC, PARTITIONS)
         cpu0 = _children_cpu()
         t0 = time.perf_counter()
-        KINDS[kind](broker.bootstrap, table, workers)
+        send(broker.bootstrap, table, workers)
         seconds = time.perf_counter() - t0
         cpu = _children_cpu() - cpu0
         got = count_back(broker.bootstrap, table.num_rows, topic=TOPIC, partitions=PARTITIONS)
@@ -173,13 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="shmprod-export-bench-") as tmp:
         import pyarrow.parquet as pq
 
-        PARQUET[:] = [os.path.join(tmp, "table.parquet")]
-        pq.write_table(table, PARQUET[0], row_group_size=args.row_group_rows, compression="none")
-        results: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
+        path = os.path.join(tmp, "table.parquet")
+        pq.write_table(table, path, row_group_size=args.row_group_rows, compression="none")
+        sends: dict[str, Callable[[str, pa.Table, int], None]] = {
+            "shmprod export": _shmprod,
+            "shmprod export (Parquet)": functools.partial(_shmprod, source=path),
+            "confluent-kafka": _confluent,
+        }
+        results: dict[str, list[tuple[float, float]]] = {k: [] for k in sends}
         t0 = time.monotonic()
         for run in range(runs):  # interleaved: each run measures every kind once
-            for kind in KINDS if run % 2 == 0 else reversed(KINDS):
-                rate, cpu = measure(kind, table, args.workers)
+            for kind in sends if run % 2 == 0 else reversed(sends):
+                rate, cpu = measure(kind, sends[kind], table, args.workers)
                 results[kind].append((rate, cpu))
                 print(
                     f"run {run + 1}/{runs} {kind}: {rate:,.0f} rows/s, {cpu:.2f} CPU s/GB",

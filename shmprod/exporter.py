@@ -177,11 +177,12 @@ def _batches(job: Job) -> Iterator[pa.RecordBatch]:
     if job.file_format == "parquet":
         import pyarrow.parquet as pq
 
+        assert job.row_groups is not None  # a Parquet job is a run of row groups
         f = pq.ParquetFile(job.path)
         # one row group at a time: read across several, a batch of BATCH_ROWS rows
         # would decode them all at once (1 KB rows in row groups of 10,000: 196 MB
         # at the peak against 48 MB one at a time)
-        for g in job.row_groups if job.row_groups is not None else range(f.num_row_groups):
+        for g in job.row_groups:
             yield from f.iter_batches(
                 BATCH_ROWS,
                 row_groups=[g],

@@ -20,7 +20,9 @@ linger 5 ms, idempotence on, by:
 The clock runs from the call to the last acknowledgement; every run reads the topic
 back and fails unless it holds exactly the rows. CPU: every process the run started
 and saw end (the pool's, and shmprod's sender; the broker apart), per GB of keys and
-values. Medians of the runs with min and max; JSON and markdown in ``bench/results/``
+values. Each run also logs the CPU the host took from this machine's cores (steal) and
+the free memory it took back, where the system counts them, so that a run slower than
+its neighbours says whether the machine was. Medians of the runs with min and max; JSON and markdown in ``bench/results/``
 (``export-quick.*`` for quick runs).
 """
 
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -44,7 +47,8 @@ import pyarrow as pa
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _peers import make_columns
-from suite import RESULTS, _cpu_model, count_back, installed_version
+from first_touch import reported_mb
+from suite import RESULTS, _cpu_model, _delta, _steal_s, count_back, installed_version
 
 TOPIC = "export-bench"
 PARTITIONS = 12
@@ -123,25 +127,48 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+@dataclass(frozen=True)
+class Run:
+    """One measurement, and what the host did meanwhile (None where not counted)."""
+
+    rows_per_s: float
+    cpu_s_per_gb: float
+    steal_s: float | None  # CPU the host took from this machine's cores in the run
+    host_reported_mb: float | None  # free memory this machine handed back to its host
+
+
 def measure(
     kind: str, send: Callable[[str, pa.Table, int], None], table: pa.Table, workers: int
-) -> tuple[float, float]:
-    """One run of ``send`` on a fresh broker: (rows/s, CPU s per GB), after checking the
-    topic holds every row."""
+) -> Run:
+    """One run of ``send`` on a fresh broker, after checking the topic holds every row.
+    The host's steal time and the memory it took back (``bench/first_touch.py``) come
+    with it, so that a run slower than its neighbours says whether the machine was."""
 
     from shmprod.broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         broker.create_topic(TOPIC, PARTITIONS)
-        cpu0 = _children_cpu()
+        cpu0, steal0, reported0 = _children_cpu(), _steal_s(), reported_mb()
         t0 = time.perf_counter()
         send(broker.bootstrap, table, workers)
         seconds = time.perf_counter() - t0
         cpu = _children_cpu() - cpu0
+        steal, reported = _delta(steal0, _steal_s()), _delta(reported0, reported_mb())
         got = count_back(broker.bootstrap, table.num_rows, topic=TOPIC, partitions=PARTITIONS)
     if got != table.num_rows:
         raise RuntimeError(f"{kind}: the topic holds {got} records, {table.num_rows} were sent")
-    return table.num_rows / seconds, cpu / (table.num_rows * (VALUE_SIZE + 16)) * 1e9
+    gb = table.num_rows * (VALUE_SIZE + 16) / 1e9
+    return Run(table.num_rows / seconds, cpu / gb, steal, reported)
+
+
+def _host(r: Run) -> str:
+    """What the host did in a run, for the log and the table ("" where not counted)."""
+    parts = []
+    if r.steal_s is not None:
+        parts.append(f"steal {r.steal_s:.1f} s")
+    if r.host_reported_mb is not None:
+        parts.append(f"host took back {r.host_reported_mb:,.0f} MB")
+    return ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,25 +200,29 @@ def main(argv: list[str] | None = None) -> int:
             "shmprod export (Parquet)": functools.partial(_shmprod, source=path),
             "confluent-kafka": _confluent,
         }
-        results: dict[str, list[tuple[float, float]]] = {k: [] for k in sends}
+        results: dict[str, list[Run]] = {k: [] for k in sends}
+        log: list[str] = []  # every run in the order it ran
         t0 = time.monotonic()
         for run in range(runs):  # interleaved: each run measures every kind once
             for kind in sends if run % 2 == 0 else reversed(sends):
-                rate, cpu = measure(kind, sends[kind], table, args.workers)
-                results[kind].append((rate, cpu))
-                print(
-                    f"run {run + 1}/{runs} {kind}: {rate:,.0f} rows/s, {cpu:.2f} CPU s/GB",
-                    flush=True,
+                r = measure(kind, sends[kind], table, args.workers)
+                results[kind].append(r)
+                host = _host(r)
+                log.append(
+                    f"run {run + 1}/{runs} {kind}: {r.rows_per_s:,.0f} rows/s, "
+                    f"{r.cpu_s_per_gb:.2f} CPU s/GB" + (f"; {host}" if host else "")
                 )
+                print(log[-1], flush=True)
     rows_out = {
         k: {
-            "median": statistics.median(r for r, _ in v),
-            "min": min(r for r, _ in v),
-            "max": max(r for r, _ in v),
-            "runs": [r for r, _ in v],
-            "cpu_s_per_gb": statistics.median(c for _, c in v),
-            "cpu_min": min(c for _, c in v),
-            "cpu_max": max(c for _, c in v),
+            "median": statistics.median(r.rows_per_s for r in v),
+            "min": min(r.rows_per_s for r in v),
+            "max": max(r.rows_per_s for r in v),
+            "runs": [r.rows_per_s for r in v],
+            "cpu_s_per_gb": statistics.median(r.cpu_s_per_gb for r in v),
+            "cpu_min": min(r.cpu_s_per_gb for r in v),
+            "cpu_max": max(r.cpu_s_per_gb for r in v),
+            "run_details": [asdict(r) for r in v],
         }
         for k, v in results.items()
     }
@@ -243,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"shmprod export / confluent-kafka: **{ratio:.2f}x** (the table), "
         f"**{ratio_parquet:.2f}x** (the Parquet file)",
+        "",
+        "The runs in order, with the CPU the host took from this machine's cores (steal) "
+        "and the free memory it took back, where the system counts them:",
+        "",
+        *(f"- {line}" for line in log),
         "",
     ]
     with open(prefix + ".md", "w", encoding="utf-8") as f:

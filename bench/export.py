@@ -10,8 +10,8 @@ linger 5 ms, idempotence on, by:
 * ``shmprod export``: ``shmprod.export(table, ...)`` with ``workers`` spawned processes
   sharing one producer (the pool's start-up is in the time, as a user sees it);
 * ``confluent-kafka``: the same number of spawned processes, each given its slice of
-  the table (pickled, as ``export`` hands batches to its pool) and producing every row
-  with ``produce`` into a producer of its own, then ``flush``.
+  the table (pickled to it) and producing every row with ``produce`` into a producer of
+  its own, then ``flush``.
 
 * ``shmprod export (Parquet)``: ``shmprod.export(path, ...)`` of a Parquet file of the
   same table, in row groups of ``--row-group-rows`` (10,000; uncompressed, written

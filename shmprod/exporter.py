@@ -10,8 +10,8 @@ The source is read with pyarrow's own readers, streamed (never whole in memory):
 path, glob or directory of Parquet, Arrow IPC/Feather, CSV or JSON-lines files (a job
 per file, or for Parquet a run of row groups, read by the pool process itself), a
 ``pyarrow.dataset.Dataset``, a ``pyarrow.Table`` or ``RecordBatchReader``, or a
-pandas DataFrame (their record batches are handed to the pool, a bounded number at a
-time). ``workers`` processes (spawned; default the CPU count) attach to ONE producer
+pandas DataFrame (their record batches are handed to the pool in memory files,
+:mod:`shmprod.shared_batches`, a bounded number at a time). ``workers`` processes (spawned; default the CPU count) attach to ONE producer
 (:func:`shmprod.pool_initializer`) and send whole columns with ``send_batch``.
 
 Everything the source says about itself is checked before anything is sent: every
@@ -45,8 +45,10 @@ from typing import Any, Final, TextIO
 import numpy as np
 import pyarrow as pa
 
+from shmprod import shared_batches
 from shmprod.errors import ConfigError, ShmprodError
 from shmprod.pool import current, pool_initializer
+from shmprod.shared_batches import SharedBatch, SharedBatches
 from shmprod.tables import binary_column, epoch_ms_column, header_rows, json_column
 
 __all__ = ["ExportError", "ExportReport", "Plan", "export", "prepare"]
@@ -145,7 +147,9 @@ class Job:
     file_format: str | None = None
     row_groups: tuple[int, ...] | None = None
     read_options: tuple[tuple[str, Any], ...] = ()
-    batch_ipc: bytes | None = None  # an in-memory batch as an Arrow IPC stream
+    # an in-memory batch as an Arrow IPC stream: in a file of the caller's
+    # (shmprod.shared_batches), or pickled where there are no such files
+    batch: SharedBatch | bytes | None = None
     threads: bool = True  # decode a file with pyarrow's thread pool (one process only)
 
 
@@ -170,8 +174,17 @@ class JobResult:
 
 def _batches(job: Job) -> Iterator[pa.RecordBatch]:
     """The job's record batches, streamed. Runs in: a pool process."""
-    if job.batch_ipc is not None:
-        yield from pa.ipc.open_stream(job.batch_ipc)
+    if job.batch is not None:
+        reader = (
+            shared_batches.read(job.batch)
+            if isinstance(job.batch, SharedBatch)
+            else pa.ipc.open_stream(job.batch)
+        )
+        for b in reader:
+            # offsets and lengths checked before the encoder reads by them: a damaged
+            # stream is an ArrowInvalid in the job's result, never a read out of bounds
+            b.validate(full=True)
+            yield b
         return
     assert job.path is not None
     if job.file_format == "parquet":
@@ -601,12 +614,29 @@ class Progress:
 
 @dataclass
 class Plan:
-    """An export checked and cut into jobs, before any producer exists."""
+    """An export checked and cut into jobs, before any producer exists. A table's jobs
+    hold files of the caller's (``shared``) from when they are taken from ``jobs``:
+    :meth:`close` (or ``with``) closes those still open."""
 
     topic: str
     workers: int
     jobs: Iterator[Job]
     total_rows: int | None
+    shared: SharedBatches = field(default_factory=SharedBatches)
+
+    def release(self, job: Job) -> None:
+        """Frees a finished job's shared batch, if it has one."""
+        if isinstance(job.batch, SharedBatch):
+            self.shared.release(job.batch)
+
+    def close(self) -> None:
+        self.shared.close()
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def prepare(
@@ -639,6 +669,7 @@ def prepare(
         header_column,
         None if header_column else _static_headers(headers),
     )
+    shared = SharedBatches()
     jobs: Iterator[Job]
     if isinstance(source, str | os.PathLike):
         files, fmt = _paths(source)
@@ -648,11 +679,12 @@ def prepare(
         schema, batches, total = _batch_source(source)
         _check(schema, cols, f"the {type(source).__name__}")
         needed = cols.needed
+        handoff = shared.share if shared_batches.AVAILABLE else _to_ipc
         jobs = (
-            Job(topic, cols, batch_ipc=_to_ipc(b if needed is None else b.select(needed)))
+            Job(topic, cols, batch=handoff(b if needed is None else b.select(needed)))
             for b in batches
         )
-    return Plan(topic, workers, jobs, total)
+    return Plan(topic, workers, jobs, total, shared)
 
 
 def export(
@@ -710,7 +742,7 @@ def export(
     pool = ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=_attach_from, initargs=(handles,)
     )
-    window: deque[Future[JobResult]] = deque()
+    window: deque[tuple[Future[JobResult], Job]] = deque()
     died: str | None = None
     clean = False
     try:
@@ -721,15 +753,15 @@ def export(
         # ``workers``: these submits start them all, or all there will be)
         with jemalloc_conf_for_children():
             for job in itertools.islice(jobs, 2 * workers):
-                window.append(pool.submit(_run_job, job))
+                window.append((pool.submit(_run_job, job), job))
         with Producer(bootstrap_servers=bootstrap_servers, **producer_config) as producer:
             for _ in range(workers):
                 handles.put(producer.handle)
             try:
                 for job in jobs:
-                    _collect(window, 2 * workers - 1, report, bar)
-                    window.append(pool.submit(_run_job, job))
-                _collect(window, 0, report, bar)
+                    _collect(window, 2 * workers - 1, report, bar, plan)
+                    window.append((pool.submit(_run_job, job), job))
+                _collect(window, 0, report, bar, plan)
             except BrokenProcessPool as exc:
                 died = (
                     f"a pool process died; {len(window):,} unfinished job(s) may have been "
@@ -741,6 +773,7 @@ def export(
     finally:
         if not clean:  # the producer did not start, or the caller was interrupted
             _stop(pool)
+        plan.close()  # the pool has stopped: no process will read a shared batch again
         handles.close()
     report.seconds = time.monotonic() - t0
     if bar:
@@ -760,13 +793,17 @@ def export(
 
 
 def _collect(
-    window: deque[Future[JobResult]], keep: int, report: ExportReport, bar: Progress | None
+    window: deque[tuple[Future[JobResult], Job]],
+    keep: int,
+    report: ExportReport,
+    bar: Progress | None,
+    plan: Plan,
 ) -> None:
-    """Adds finished jobs to the report, oldest first, until ``keep`` are pending.
-    Raises ``BrokenProcessPool`` when a pool process died. Runs in: the caller."""
+    """Adds finished jobs to the report, oldest first, until ``keep`` are pending, and
+    frees their shared batches. Raises ``BrokenProcessPool`` when a pool process died. Runs in: the caller."""
     while len(window) > keep:
-        report.add(window[0].result())
-        window.popleft()
+        report.add(window[0][0].result())
+        plan.release(window.popleft()[1])
         if bar:
             bar.show(report, time.monotonic())
 

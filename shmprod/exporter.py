@@ -59,6 +59,9 @@ BATCH_ROWS: Final = 65_536
 # bytes (uncompressed, as the file's metadata gives them) (_row_group_runs)
 JOB_ROWS: Final = BATCH_ROWS
 JOB_BYTES: Final = 64 << 20
+# a batch read or handed over: at most BATCH_ROWS rows, and fewer where those would hold
+# more than BATCH_BYTES (an in-memory batch is a job of its own: the same bound)
+BATCH_BYTES: Final = JOB_BYTES
 MAX_ERRORS: Final = 10
 FORMATS: Final = {
     ".parquet": "parquet",
@@ -196,8 +199,9 @@ def _batches(job: Job) -> Iterator[pa.RecordBatch]:
         # would decode them all at once (1 KB rows in row groups of 10,000: 196 MB
         # at the peak against 48 MB one at a time)
         for g in job.row_groups:
+            meta = f.metadata.row_group(g)
             yield from f.iter_batches(
-                BATCH_ROWS,
+                _rows_per_batch(meta.num_rows, meta.total_byte_size),
                 row_groups=[g],
                 columns=job.columns.needed,
                 use_threads=job.threads,
@@ -209,6 +213,38 @@ def _batches(job: Job) -> Iterator[pa.RecordBatch]:
     yield from data.to_batches(
         columns=job.columns.needed, batch_size=BATCH_ROWS, use_threads=job.threads
     )
+
+
+def _rows_per_batch(rows: int, nbytes: int) -> int:
+    """Rows a batch of a row group of ``rows`` rows and ``nbytes`` bytes (uncompressed)
+    takes: :data:`BATCH_ROWS`, or fewer so that a batch holds about
+    :data:`BATCH_BYTES` (rows of 1 MB: 64 a batch, not 64 GB). Never below one."""
+    if nbytes <= 0 or rows <= 0:
+        return BATCH_ROWS
+    return max(1, min(BATCH_ROWS, rows * BATCH_BYTES // nbytes))
+
+
+def _byte_slices(batch: pa.RecordBatch, limit: int) -> list[pa.RecordBatch]:
+    """``batch`` as consecutive slices of at most ``limit`` bytes (a single row wider
+    than that is a slice of its own), zero-copy. A row's bytes: its values in each
+    variable-width column (by the offsets), and an even share of every other column.
+    Runs in: the caller (a table's batches, before they are handed over)."""
+    n = batch.num_rows
+    if n <= 1 or batch.nbytes <= limit:
+        return [batch]
+    sizes = np.zeros(n, np.float64)
+    for col in batch.columns:
+        offsets = _offsets(col)
+        sizes += col.nbytes / n if offsets is None else np.diff(offsets)
+    ends = np.cumsum(sizes)
+    out: list[pa.RecordBatch] = []
+    start = 0
+    while start < n:
+        before = ends[start - 1] if start else 0.0
+        stop = max(start + 1, int(np.searchsorted(ends, before + limit, side="right")))
+        out.append(batch.slice(start, stop - start))
+        start = stop
+    return out
 
 
 def _send(batch: pa.RecordBatch, job: Job) -> Any:
@@ -238,14 +274,21 @@ def _send(batch: pa.RecordBatch, job: Job) -> Any:
     )
 
 
+def _offsets(arr: pa.Array) -> Any:
+    """The ``len(arr) + 1`` value offsets of a binary or string column, as numpy (a view
+    of its buffer); None for any other type."""
+    t = arr.type
+    large = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+    if not (large or pa.types.is_binary(t) or pa.types.is_string(t)):
+        return None
+    offsets = np.frombuffer(arr.buffers()[1], np.int64 if large else np.int32)
+    return offsets[arr.offset : arr.offset + len(arr) + 1]
+
+
 def _nbytes(arr: pa.Array) -> int:
     """Bytes of a binary or string column's values (a null-typed column: none)."""
-    buffers = arr.buffers()
-    if len(buffers) < 2 or buffers[1] is None:
-        return 0
-    offsets = np.frombuffer(buffers[1], np.int64 if "large" in str(arr.type) else np.int32)
-    start = offsets[arr.offset]
-    return int(offsets[arr.offset + len(arr)] - start)
+    offsets = _offsets(arr)
+    return 0 if offsets is None or len(offsets) < 2 else int(offsets[-1] - offsets[0])
 
 
 HANDLE_WAIT_S: Final = 300.0
@@ -681,8 +724,9 @@ def prepare(
         needed = cols.needed
         handoff = shared.share if shared_batches.AVAILABLE else _to_ipc
         jobs = (
-            Job(topic, cols, batch=handoff(b if needed is None else b.select(needed)))
+            Job(topic, cols, batch=handoff(part))
             for b in batches
+            for part in _byte_slices(b if needed is None else b.select(needed), BATCH_BYTES)
         )
     return Plan(topic, workers, jobs, total, shared)
 

@@ -89,6 +89,32 @@ def test_a_table_with_key_timestamp_and_headers(broker: EmbeddedBroker, topic_na
     )
 
 
+def test_a_table_of_wide_rows_goes_in_batches_of_bounded_bytes(
+    broker: EmbeddedBroker, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller cuts a table's batches at BATCH_BYTES (here 20,000: about 150 rows of
+    these): every row still lands once, keyed and stamped."""
+    from shmprod import exporter
+
+    monkeypatch.setattr(exporter, "BATCH_BYTES", 20_000)
+    broker.create_topic(topic_name, 3)
+    n = 3_000
+    with exporter.prepare(table(n), topic_name, key="user", value="payload") as plan:
+        assert 15 <= sum(1 for _ in plan.jobs) <= 25
+    report = shmprod.export(
+        table(n),
+        topic_name,
+        bootstrap_servers=broker.bootstrap,
+        key="user",
+        value="payload",
+        timestamp="ts",
+        workers=2,
+        progress=False,
+    )
+    assert report.ok and report.records == n
+    check_rows(records(broker.bootstrap, topic_name, 3, n), n, 3)
+
+
 def test_a_headers_column_gives_each_record_its_own(
     broker: EmbeddedBroker, topic_name: str
 ) -> None:

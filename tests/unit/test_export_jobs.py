@@ -1,5 +1,6 @@
-"""How ``shmprod.export`` cuts a Parquet file into jobs: runs of consecutive row groups
-(shmprod.exporter._row_group_runs), each job read one row group at a time."""
+"""How ``shmprod.export`` cuts its work into jobs and batches: a Parquet file into runs
+of consecutive row groups (shmprod.exporter._row_group_runs), each job read one row
+group at a time; and batches of wide rows, read or handed over, at BATCH_BYTES."""
 
 from __future__ import annotations
 
@@ -105,3 +106,74 @@ def test_a_job_reads_its_row_groups_in_order_one_at_a_time(tmp_path: Path) -> No
     assert [b.num_rows for b in batches] == [1_000] * 3
     got = [v for b in batches for v in b.column("v").to_pylist()]
     assert got == [b"%d" % i for i in range(2_000, 5_000)]
+
+
+def test_wide_rows_are_read_in_batches_of_fewer_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch holds BATCH_ROWS rows, or fewer where they would hold more than
+    BATCH_BYTES (here 100,000): row groups of 500 rows of about 5 KB (2.5 MB) are read
+    19 rows at a time, every row once and in order."""
+    monkeypatch.setattr(exporter, "BATCH_BYTES", 100_000)
+    path = _file(tmp_path / "wide.parquet", 1_000, 500, width=5_000)
+    job = Job("t", Columns("v"), str(path), "parquet", (0, 1), threads=False)
+    batches = list(_batches(job))
+    assert [b.num_rows for b in batches] == ([19] * 26 + [6]) * 2
+    assert all(b.nbytes <= 100_000 for b in batches)
+    got = [v for b in batches for v in b.column("v").to_pylist()]
+    assert got == [b"%d" % i + b"x" * 5_000 for i in range(1_000)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(0, 10_000_000),
+    nbytes=st.integers(0, 10**12),
+)
+def test_rows_per_batch_keeps_a_batch_under_the_bytes(rows: int, nbytes: int) -> None:
+    n = exporter._rows_per_batch(rows, nbytes)
+    assert 1 <= n <= exporter.BATCH_ROWS
+    if rows and nbytes:
+        assert n == 1 or n * nbytes / rows <= exporter.BATCH_BYTES
+
+
+_widths = st.lists(st.integers(0, 3_000), min_size=0, max_size=300)
+
+
+@settings(max_examples=300, deadline=None)
+@given(widths=_widths, limit=st.integers(1, 20_000), start=st.integers(0, 5))
+def test_a_batch_is_cut_into_slices_under_the_bytes_in_order(
+    widths: list[int], limit: int, start: int
+) -> None:
+    """Slices cover every row once and in order; each holds at most ``limit`` bytes of
+    values (8 for each int64) unless it is one row; and none could have taken its next
+    row as well. ``start``: the batch is itself a slice of a larger one."""
+    values = [b"x" * w for w in [7] * start + widths]
+    whole = pa.record_batch(
+        {"v": pa.array(values, pa.binary()), "n": pa.array(range(len(values)), pa.int64())}
+    )
+    batch = whole.slice(start)
+    parts = exporter._byte_slices(batch, limit)
+    assert pa.Table.from_batches(parts, batch.schema).equals(pa.Table.from_batches([batch]))
+    if batch.nbytes <= limit:
+        assert parts == [batch]
+        return
+    at = 0
+    for p in parts:
+        size = sum(widths[at : at + p.num_rows]) + 8 * p.num_rows
+        assert p.num_rows >= 1 and (p.num_rows == 1 or size <= limit)
+        if at + p.num_rows < len(widths):
+            assert size + widths[at + p.num_rows] + 8 > limit
+        at += p.num_rows
+
+
+def test_a_tables_batches_are_cut_at_the_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table of wide rows: each job's batch holds about BATCH_BYTES, not BATCH_ROWS
+    rows of them (a million rows of 1 MB would otherwise be 64 GB a batch)."""
+    monkeypatch.setattr(exporter, "BATCH_BYTES", 50_000)
+    t = pa.table({"v": pa.array([b"%05d" % i + b"y" * 995 for i in range(1_000)], pa.binary())})
+    with prepare(t, "t", value="v", workers=1) as plan:
+        jobs = list(plan.jobs)
+        batches = [b for j in jobs for b in _batches(j)]
+        assert [b.num_rows for b in batches] == [50] * 20  # rows of 1,000 bytes of values
+        got = [v for b in batches for v in b.column("v").to_pylist()]
+    assert got == t.column("v").to_pylist()

@@ -722,7 +722,7 @@ def prepare(
         schema, batches, total = _batch_source(source)
         _check(schema, cols, f"the {type(source).__name__}")
         needed = cols.needed
-        handoff = shared.share if shared_batches.AVAILABLE else _to_ipc
+        handoff = shared.share if shared_batches.available() else _to_ipc
         jobs = (
             Job(topic, cols, batch=handoff(part))
             for b in batches

@@ -17,8 +17,9 @@ maps it has let go, or died. A killed caller leaves nothing behind.
 
 The caller closes a batch's descriptor when its job's result is in (:meth:`release`),
 or when the export ends, after its pool has stopped (:meth:`close`): a pool process
-always finds the file open. Where there is no ``memfd_create`` or no ``/proc``
-(:data:`AVAILABLE`), the export pickles the IPC stream as before.
+always finds the file open. Where there is no ``memfd_create`` or no ``/proc``, or the
+caller is not dumpable (:func:`available`), the export pickles the IPC stream as
+before.
 
 Runs in: the caller (:class:`SharedBatches`) and the pool processes (:func:`read`).
 """
@@ -32,11 +33,27 @@ from typing import Final
 
 import pyarrow as pa
 
-__all__ = ["AVAILABLE", "SharedBatch", "SharedBatches", "read"]
+__all__ = ["SUPPORTED", "SharedBatch", "SharedBatches", "available", "read"]
 
-AVAILABLE: Final = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+SUPPORTED: Final = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+_PR_GET_DUMPABLE: Final = 3
+_SUID_DUMP_USER: Final = 1  # the one value that lets a process of the same user in
 NAME: Final = "shmprod-export-batch"  # the file's name in /proc/<pid>/fd links
 _MAP_FLAGS: Final = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def available() -> bool:
+    """Whether this process can hand batches over in memory files: :data:`SUPPORTED`,
+    and dumpable. The kernel lets another process of the same user open
+    ``/proc/<pid>/fd/<fd>`` only of a dumpable process; one made otherwise (by
+    ``prctl(PR_SET_DUMPABLE, 0)``, or a set-user-ID program) lets in only root, and its
+    pool processes could not read its files. Runs in: the caller, per export."""
+    if not SUPPORTED:
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == _SUID_DUMP_USER)
 
 
 @dataclass(frozen=True)

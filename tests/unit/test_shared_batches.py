@@ -19,7 +19,7 @@ from shmprod import exporter, shared_batches
 from shmprod.exporter import BATCH_ROWS, Columns, Job, _batches, prepare
 from shmprod.shared_batches import SharedBatch, SharedBatches
 
-pytestmark = pytest.mark.skipif(not shared_batches.AVAILABLE, reason="no memfd_create or /proc")
+pytestmark = pytest.mark.skipif(not shared_batches.SUPPORTED, reason="no memfd_create or /proc")
 
 
 def _shared_files() -> list[int]:
@@ -84,12 +84,31 @@ def test_a_released_file_is_never_read_as_another() -> None:
 def test_without_memory_files_a_batch_is_pickled_as_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(shared_batches, "AVAILABLE", False)
+    monkeypatch.setattr(shared_batches, "available", lambda: False)
     t = _table(100)
     with prepare(t, "t", value="v", workers=1) as plan:
         jobs = list(plan.jobs)
         assert [type(j.batch) for j in jobs] == [bytes] and len(plan.shared) == 0
         assert pa.Table.from_batches(list(_batches(jobs[0]))).equals(t.select(["v"]))
+
+
+def test_a_caller_that_is_not_dumpable_pickles_its_batches() -> None:
+    """Another process may not open a non-dumpable process's descriptors, so such a
+    caller hands its batches over pickled. (This process is made non-dumpable for the
+    test, and dumpable again after.)"""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_dumpable = 4
+    assert shared_batches.available()
+    assert libc.prctl(pr_set_dumpable, 0, 0, 0, 0) == 0
+    try:
+        assert not shared_batches.available()
+        with prepare(_table(10), "t", value="v", workers=1) as plan:
+            assert [type(j.batch) for j in plan.jobs] == [bytes]
+    finally:
+        assert libc.prctl(pr_set_dumpable, 1, 0, 0, 0) == 0
+    assert shared_batches.available()
 
 
 def _stream(t: pa.Table) -> bytes:

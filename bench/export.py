@@ -40,15 +40,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+# Only the standard library at the top: every process a run spawns, confluent-kafka's
+# and shmprod's pools alike, imports this module again as its main module, and should
+# load nothing it does not need itself (pyarrow, the suite and shmprod took 250-480 ms
+# of each confluent-kafka process's start). The rest is imported where it is used.
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _peers import make_columns
-from first_touch import reported_mb
-from suite import RESULTS, _cpu_model, _delta, _steal_s, count_back, installed_version
 
 TOPIC = "export-bench"
 PARTITIONS = 12
@@ -144,6 +145,9 @@ def measure(
     The host's steal time and the memory it took back (``bench/first_touch.py``) come
     with it, so that a run slower than its neighbours says whether the machine was."""
 
+    from first_touch import reported_mb
+    from suite import _delta, _steal_s, count_back
+
     from shmprod.broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
@@ -188,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     # idempotent producers' ids) are most of the time and tell another story
     rows = args.rows or 1_000_000
     runs = args.runs or (1 if args.quick else 3)
+    import pyarrow as pa
+    from _peers import make_columns
+    from suite import RESULTS, _cpu_model, installed_version
+
     values, keys = make_columns(11, rows, VALUE_SIZE, True)
     table = pa.table({"value": values, "key": keys})
     with tempfile.TemporaryDirectory(prefix="shmprod-export-bench-") as tmp:

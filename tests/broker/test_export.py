@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pyarrow as pa
@@ -65,19 +66,25 @@ def check_rows(got: list[Landed], n: int, partitions: int, start: int = 0) -> No
     assert seen == set(range(start, start + n))
 
 
-def test_a_table_with_key_timestamp_and_headers(broker: EmbeddedBroker, topic_name: str) -> None:
-    broker.create_topic(topic_name, 4)
-    n = 50_000
-    report = shmprod.export(
-        table(n),
-        topic_name,
+def export_users(broker: EmbeddedBroker, topic: str, source: Any, **extra: Any) -> Any:
+    """``source`` exported by two processes, keyed by ``user``, valued by ``payload``."""
+    return shmprod.export(
+        source,
+        topic,
         bootstrap_servers=broker.bootstrap,
         key="user",
         value="payload",
-        timestamp="ts",
-        headers={"source": "test", "none": None},
         workers=2,
         progress=False,
+        **extra,
+    )
+
+
+def test_a_table_with_key_timestamp_and_headers(broker: EmbeddedBroker, topic_name: str) -> None:
+    broker.create_topic(topic_name, 4)
+    n = 50_000
+    report = export_users(
+        broker, topic_name, table(n), timestamp="ts", headers={"source": "test", "none": None}
     )
     assert report.ok and report.records == n and report.total_rows == n
     assert report.bytes == sum(100 + len(f"u{i % 97}") for i in range(n))
@@ -101,16 +108,7 @@ def test_a_table_of_wide_rows_goes_in_batches_of_bounded_bytes(
     n = 3_000
     with exporter.prepare(table(n), topic_name, key="user", value="payload") as plan:
         assert 15 <= sum(1 for _ in plan.jobs) <= 25
-    report = shmprod.export(
-        table(n),
-        topic_name,
-        bootstrap_servers=broker.bootstrap,
-        key="user",
-        value="payload",
-        timestamp="ts",
-        workers=2,
-        progress=False,
-    )
+    report = export_users(broker, topic_name, table(n), timestamp="ts")
     assert report.ok and report.records == n
     check_rows(records(broker.bootstrap, topic_name, 3, n), n, 3)
 
@@ -136,16 +134,7 @@ def test_a_headers_column_gives_each_record_its_own(
             "tags": pa.array([row_headers(i) for i in range(n)], hdr_type),
         }
     )
-    report = shmprod.export(
-        t,
-        topic_name,
-        bootstrap_servers=broker.bootstrap,
-        key="user",
-        value="payload",
-        headers="tags",
-        workers=2,
-        progress=False,
-    )
+    report = export_users(broker, topic_name, t, headers="tags")
     assert report.ok and report.records == n
     got = records(broker.bootstrap, topic_name, 3, n)
     assert len(got) == n

@@ -11,7 +11,8 @@ path, glob or directory of Parquet, Arrow IPC/Feather, CSV or JSON-lines files (
 per file, or for Parquet a run of row groups, read by the pool process itself), a
 ``pyarrow.dataset.Dataset``, a ``pyarrow.Table`` or ``RecordBatchReader``, or a
 pandas DataFrame (their record batches are handed to the pool in memory files,
-:mod:`shmprod.shared_batches`, a bounded number at a time). ``workers`` processes (spawned; default the CPU count) attach to ONE producer
+:mod:`shmprod.shared_batches`, a bounded number at a time). ``workers`` processes
+(spawned; default the CPU count) attach to ONE producer
 (:func:`shmprod.pool_initializer`) and send whole columns with ``send_batch``.
 
 Everything the source says about itself is checked before anything is sent: every

@@ -81,7 +81,7 @@ class SharedBatches:
         fd = os.memfd_create(NAME, os.MFD_CLOEXEC)
         try:
             with (
-                open(fd, "wb", buffering=0, closefd=False) as f,
+                open(fd, "wb", closefd=False) as f,  # buffered: writes all, or raises
                 pa.ipc.new_stream(pa.PythonFile(f, mode="w"), batch.schema) as w,
             ):
                 w.write_batch(batch)

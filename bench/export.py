@@ -22,8 +22,8 @@ back and fails unless it holds exactly the rows. CPU: every process the run star
 and saw end (the pool's, and shmprod's sender; the broker apart), per GB of keys and
 values. Each run also logs the CPU the host took from this machine's cores (steal) and
 the free memory it took back, where the system counts them, so that a run slower than
-its neighbours says whether the machine was. Medians of the runs with min and max; JSON and markdown in ``bench/results/``
-(``export-quick.*`` for quick runs).
+its neighbours says whether the machine was. Medians of the runs with min and max;
+JSON and markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
 """
 
 from __future__ import annotations

@@ -845,7 +845,8 @@ def _collect(
     plan: Plan,
 ) -> None:
     """Adds finished jobs to the report, oldest first, until ``keep`` are pending, and
-    frees their shared batches. Raises ``BrokenProcessPool`` when a pool process died. Runs in: the caller."""
+    frees their shared batches. Raises ``BrokenProcessPool`` when a pool process died.
+    Runs in: the caller."""
     while len(window) > keep:
         report.add(window[0][0].result())
         plan.release(window.popleft()[1])

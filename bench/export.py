@@ -20,10 +20,13 @@ linger 5 ms, idempotence on, by:
 The clock runs from the call to the last acknowledgement; every run reads the topic
 back and fails unless it holds exactly the rows. CPU: every process the run started
 and saw end (the pool's, and shmprod's sender; the broker apart), per GB of keys and
-values. Each run also logs the CPU the host took from this machine's cores (steal) and
-the free memory it took back, where the system counts them, so that a run slower than
-its neighbours says whether the machine was. Medians of the runs with min and max;
-JSON and markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
+values. Each run also logs the broker's CPU (in cores, and its kernel time and page
+faults per GB and MB, as ``bench/suite.py`` does), the CPU of everything else the
+machine ran meanwhile (other processes, interrupts not charged to a process), the CPU
+the host took from this machine's cores (steal) and the free memory it took back, where
+the system counts them, so that a run slower than its neighbours says whether the
+broker, something else or the machine was. Medians of the runs with min and max; JSON
+and markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
 """
 
 from __future__ import annotations
@@ -136,38 +139,90 @@ class Run:
     cpu_s_per_gb: float
     steal_s: float | None  # CPU the host took from this machine's cores in the run
     host_reported_mb: float | None  # free memory this machine handed back to its host
+    broker_cores: float | None = None  # the broker's CPU s per s of the run
+    broker_sys_s_per_gb: float | None = None  # of that, in the kernel, per GB
+    broker_faults_per_mb: float | None = None  # its minor page faults per MB
+    others_cores: float | None = None  # all else the machine ran, CPU s per s of the run
 
 
 def measure(
     kind: str, send: Callable[[str, pa.Table, int], None], table: pa.Table, workers: int
 ) -> Run:
     """One run of ``send`` on a fresh broker, after checking the topic holds every row.
-    The host's steal time and the memory it took back (``bench/first_touch.py``) come
-    with it, so that a run slower than its neighbours says whether the machine was."""
+    The broker's CPU, that of all else the machine ran, the host's steal time and the
+    memory it took back (``bench/first_touch.py``) come with it, so that a run slower
+    than its neighbours says where the time went."""
 
     from first_touch import reported_mb
-    from suite import _delta, _steal_s, count_back
+    from suite import _broker_kernel, _delta, _kernel, _stat_cpu_s, _steal_s, count_back
 
     from shmprod.broker import EmbeddedBroker
 
+    gb = table.num_rows * (VALUE_SIZE + 16) / 1e9
     with EmbeddedBroker() as broker:
         broker.create_topic(TOPIC, PARTITIONS)
+        stat = f"/proc/{broker.pid}/stat"
         cpu0, steal0, reported0 = _children_cpu(), _steal_s(), reported_mb()
+        b0, k0, busy0, own0 = _stat_cpu_s(stat), _kernel(broker.pid), _busy_s(), _own_cpu()
         t0 = time.perf_counter()
         send(broker.bootstrap, table, workers)
         seconds = time.perf_counter() - t0
+        b1, k1, busy1, own1 = _stat_cpu_s(stat), _kernel(broker.pid), _busy_s(), _own_cpu()
         cpu = _children_cpu() - cpu0
         steal, reported = _delta(steal0, _steal_s()), _delta(reported0, reported_mb())
         got = count_back(broker.bootstrap, table.num_rows, topic=TOPIC, partitions=PARTITIONS)
     if got != table.num_rows:
         raise RuntimeError(f"{kind}: the topic holds {got} records, {table.num_rows} were sent")
-    gb = table.num_rows * (VALUE_SIZE + 16) / 1e9
-    return Run(table.num_rows / seconds, cpu / gb, steal, reported)
+    kernel = _broker_kernel(k0, k1, int(gb * 1e9))
+    others = None
+    if busy0 is not None and busy1 is not None:  # the machine's CPU less this run's own
+        others = max(0.0, (busy1 - busy0) - cpu - (b1 - b0) - (own1 - own0)) / seconds
+    return Run(
+        table.num_rows / seconds,
+        cpu / gb,
+        steal,
+        reported,
+        round((b1 - b0) / seconds, 2),
+        kernel["broker_sys_s_per_gb"],
+        kernel["broker_faults_per_mb"],
+        None if others is None else round(others, 2),
+    )
+
+
+def _busy_s() -> float | None:
+    """CPU seconds the machine's cores have run anything (all but idle, iowait and
+    steal), summed over the cores; None where the system does not count them."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    if len(fields) < 8:
+        return None
+    return (sum(fields[:8]) - fields[3] - fields[4] - fields[7]) / _TICKS
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _host(r: Run) -> str:
     """What the host did in a run, for the log and the table ("" where not counted)."""
     parts = []
+    if r.broker_cores is not None:
+        parts.append(f"broker {r.broker_cores:.2f} cores")
+    if r.broker_sys_s_per_gb is not None:
+        parts.append(
+            f"broker kernel {r.broker_sys_s_per_gb:.2f} s/GB, "
+            f"{r.broker_faults_per_mb:,.0f} faults/MB"
+        )
+    if r.others_cores is not None:
+        parts.append(f"all else {r.others_cores:.2f} cores")
     if r.steal_s is not None:
         parts.append(f"steal {r.steal_s:.1f} s")
     if r.host_reported_mb is not None:
@@ -283,8 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         f"shmprod export / confluent-kafka: **{ratio:.2f}x** (the table), "
         f"**{ratio_parquet:.2f}x** (the Parquet file)",
         "",
-        "The runs in order, with the CPU the host took from this machine's cores (steal) "
-        "and the free memory it took back, where the system counts them:",
+        "The runs in order, with the broker's CPU (cores; kernel s/GB and page faults/MB), "
+        "the CPU of all else the machine ran (other processes, interrupts not charged to "
+        "a process), the CPU the host took from this machine's cores (steal) and the free "
+        "memory it took back, where the system counts them:",
         "",
         *(f"- {line}" for line in log),
         "",

@@ -20,13 +20,14 @@ linger 5 ms, idempotence on, by:
 The clock runs from the call to the last acknowledgement; every run reads the topic
 back and fails unless it holds exactly the rows. CPU: every process the run started
 and saw end (the pool's, and shmprod's sender; the broker apart), per GB of keys and
-values. Each run also logs the broker's CPU (in cores, and its kernel time and page
-faults per GB and MB, as ``bench/suite.py`` does), the CPU of everything else the
-machine ran meanwhile (other processes, interrupts not charged to a process), the CPU
-the host took from this machine's cores (steal) and the free memory it took back, where
-the system counts them, so that a run slower than its neighbours says whether the
-broker, something else or the machine was. Medians of the runs with min and max; JSON
-and markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
+values. Each run also logs the machine's speed just before it (``_probe``: a fixed CPU
+task and a fixed copy into fresh memory), the broker's CPU (in cores, and its kernel
+time and page faults per GB and MB, as ``bench/suite.py`` does), the CPU of everything
+else the machine ran meanwhile (other processes, interrupts not charged to a process),
+the CPU the host took from this machine's cores (steal) and the free memory it took
+back, where the system counts them, so that a run slower than its neighbours says
+whether the broker, something else or the machine was. Medians of the runs with min
+and max; JSON and markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ class Run:
     broker_sys_s_per_gb: float | None = None  # of that, in the kernel, per GB
     broker_faults_per_mb: float | None = None  # its minor page faults per MB
     others_cores: float | None = None  # all else the machine ran, CPU s per s of the run
+    probe_cpu_ms: float | None = None  # a fixed CPU task just before the run (_probe)
+    probe_memory_ms: float | None = None  # a fixed copy into fresh memory, the same
 
 
 def measure(
@@ -161,6 +164,7 @@ def measure(
     gb = table.num_rows * (VALUE_SIZE + 16) / 1e9
     with EmbeddedBroker() as broker:
         broker.create_topic(TOPIC, PARTITIONS)
+        probe = _probe()
         stat = f"/proc/{broker.pid}/stat"
         cpu0, steal0, reported0 = _children_cpu(), _steal_s(), reported_mb()
         b0, k0, busy0, own0 = _stat_cpu_s(stat), _kernel(broker.pid), _busy_s(), _own_cpu()
@@ -186,7 +190,32 @@ def measure(
         kernel["broker_sys_s_per_gb"],
         kernel["broker_faults_per_mb"],
         None if others is None else round(others, 2),
+        *probe,
     )
+
+
+_PROBE_DATA = b""
+
+
+def _probe() -> tuple[float, float]:
+    """The machine's speed just before a run, in CPU ms of this process (so that being
+    preempted does not count): SHA-256 of 32 MiB, and a copy of 64 MiB into memory
+    never touched (its page faults, the kernel zeroing each page). Both take the same
+    work every time, so a run slower than its neighbours whose probe was slower too
+    ran on a slower machine (its host busier, or handing it memory the host had taken
+    back), not on slower code."""
+    import hashlib
+
+    global _PROBE_DATA
+    if not _PROBE_DATA:
+        _PROBE_DATA = os.urandom(64 << 20)
+    t0 = time.process_time()
+    hashlib.sha256(memoryview(_PROBE_DATA)[: 32 << 20]).digest()
+    t1 = time.process_time()
+    copy = bytearray(_PROBE_DATA)
+    t2 = time.process_time()
+    del copy
+    return round((t1 - t0) * 1e3, 1), round((t2 - t1) * 1e3, 1)
 
 
 def _busy_s() -> float | None:
@@ -214,6 +243,8 @@ def _own_cpu() -> float:
 def _host(r: Run) -> str:
     """What the host did in a run, for the log and the table ("" where not counted)."""
     parts = []
+    if r.probe_cpu_ms is not None:
+        parts.append(f"probe {r.probe_cpu_ms:.0f}/{r.probe_memory_ms:.0f} ms")
     if r.broker_cores is not None:
         parts.append(f"broker {r.broker_cores:.2f} cores")
     if r.broker_sys_s_per_gb is not None:
@@ -338,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         f"shmprod export / confluent-kafka: **{ratio:.2f}x** (the table), "
         f"**{ratio_parquet:.2f}x** (the Parquet file)",
         "",
-        "The runs in order, with the broker's CPU (cores; kernel s/GB and page faults/MB), "
+        "The runs in order, with the machine's speed just before each (a fixed CPU task "
+        "and a fixed copy into fresh memory, CPU ms), the broker's CPU (cores; kernel "
+        "s/GB and page faults/MB), "
         "the CPU of all else the machine ran (other processes, interrupts not charged to "
         "a process), the CPU the host took from this machine's cores (steal) and the free "
         "memory it took back, where the system counts them:",

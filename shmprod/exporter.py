@@ -298,28 +298,43 @@ HANDLE_WAIT_S: Final = 300.0
 # pyarrow's jemalloc as the export's processes configure it: freed memory kept for reuse
 JEMALLOC_CONF: Final = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 JEMALLOC_CONF_VAR: Final = "JE_ARROW_MALLOC_CONF"
+# numpy's OpenBLAS with no threads of its own in the export's processes (they never
+# call it; see pool_environment)
+OPENBLAS_THREADS_VAR: Final = "OPENBLAS_NUM_THREADS"
+POOL_ENVIRONMENT: Final = {JEMALLOC_CONF_VAR: JEMALLOC_CONF, OPENBLAS_THREADS_VAR: "1"}
 
 
 @contextlib.contextmanager
-def jemalloc_conf_for_children() -> Iterator[None]:
-    """While it lasts, processes started from this one inherit ``JE_ARROW_MALLOC_CONF``
-    = :data:`JEMALLOC_CONF`, unless the variable is set already; then it is as before.
-    jemalloc reads its configuration once, as pyarrow loads, so a process can only be
-    given it at its start. Runs in: the caller, around starting the pool's processes."""
-    if JEMALLOC_CONF_VAR in os.environ:
-        yield
-        return
-    os.environ[JEMALLOC_CONF_VAR] = JEMALLOC_CONF
+def pool_environment() -> Iterator[None]:
+    """While it lasts, processes started from this one inherit :data:`POOL_ENVIRONMENT`:
+    each variable that is not set already; one the user set is kept as it is. Afterwards
+    the environment is as before. Runs in: the caller, around starting the pool's
+    processes. Both are read once, as a process loads the library, so a process can
+    only be given them at its start:
+
+    - ``JE_ARROW_MALLOC_CONF``: jemalloc keeps the memory it frees
+      (:func:`reader_memory_pool`).
+    - ``OPENBLAS_NUM_THREADS=1``: numpy's OpenBLAS starts no thread of its own
+      (shmprod and pyarrow import numpy). At import it starts one per core beyond the
+      first, and each spins for about a tenth of a second waiting for work that a pool
+      process never gives it. On a two-core machine ``import shmprod.exporter`` took
+      303-308 ms of CPU in 186-192 ms, and 182 ms of CPU with one thread. Every pool
+      process paid it while the others, the sender and the broker were starting on
+      the same cores."""
+    added = [k for k in POOL_ENVIRONMENT if k not in os.environ]
+    for k in added:
+        os.environ[k] = POOL_ENVIRONMENT[k]
     try:
         yield
     finally:
-        os.environ.pop(JEMALLOC_CONF_VAR, None)
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def reader_memory_pool() -> None:
     """Makes jemalloc Arrow's memory pool in this process, where pyarrow has it (its
     Linux wheels do); else leaves the pool as it is. The export's processes start with
-    jemalloc told to keep the memory it frees (:func:`jemalloc_conf_for_children`).
+    jemalloc told to keep the memory it frees (:func:`pool_environment`).
 
     Why: each job reads its rows into new Arrow buffers and drops them.
 
@@ -796,7 +811,7 @@ def export(
         # At most 2 jobs per process are pending: a stream stays a stream.
         # (a spawning pool starts a process at a submit that finds none idle, up to
         # ``workers``: these submits start them all, or all there will be)
-        with jemalloc_conf_for_children():
+        with pool_environment():
             for job in itertools.islice(jobs, 2 * workers):
                 window.append((pool.submit(_run_job, job), job))
         with Producer(bootstrap_servers=bootstrap_servers, **producer_config) as producer:

@@ -1,9 +1,9 @@
-"""What ``shmprod.export``'s processes read with: jemalloc as Arrow's memory pool
-(``reader_memory_pool``), configured at their start to keep the memory it frees
-(``jemalloc_conf_for_children``), so that each job's new buffers reuse the last job's
-pages. Counted as page faults, not timed. A configuration the user set is kept, and the
-caller's environment is as it was afterwards. Each case runs a fresh interpreter:
-jemalloc reads its configuration once, as pyarrow loads."""
+"""What ``shmprod.export``'s processes start with (``pool_environment``): jemalloc as
+Arrow's memory pool (``reader_memory_pool``), configured to keep the memory it frees, so
+that each job's new buffers reuse the last job's pages (counted as page faults, not
+timed); and numpy's OpenBLAS without threads of its own (counted as threads). A value
+the user set is kept, and the caller's environment is as it was afterwards. Each case
+runs a fresh interpreter: both are read once, as the libraries load."""
 
 from __future__ import annotations
 
@@ -14,9 +14,14 @@ import sys
 import pyarrow as pa
 import pytest
 
-from shmprod.exporter import JEMALLOC_CONF, JEMALLOC_CONF_VAR, jemalloc_conf_for_children
+from shmprod.exporter import (
+    JEMALLOC_CONF,
+    JEMALLOC_CONF_VAR,
+    OPENBLAS_THREADS_VAR,
+    pool_environment,
+)
 
-pytestmark = pytest.mark.skipif(
+needs_jemalloc = pytest.mark.skipif(
     "jemalloc" not in pa.supported_memory_backends(), reason="pyarrow without jemalloc"
 )
 
@@ -49,10 +54,12 @@ def _child() -> tuple[str, str, int]:
 @pytest.fixture
 def no_conf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(JEMALLOC_CONF_VAR, raising=False)
+    monkeypatch.delenv(OPENBLAS_THREADS_VAR, raising=False)
 
 
+@needs_jemalloc
 def test_children_started_inside_reuse_their_pages(no_conf: None) -> None:
-    with jemalloc_conf_for_children():
+    with pool_environment():
         backend, conf, faults = _child()
     assert (backend, conf) == ("jemalloc", JEMALLOC_CONF)
     # 40 x 10 MB is 102,400 pages: given back after each read, every one faults again
@@ -60,6 +67,7 @@ def test_children_started_inside_reuse_their_pages(no_conf: None) -> None:
     assert JEMALLOC_CONF_VAR not in os.environ  # the caller's environment as it was
 
 
+@needs_jemalloc
 def test_children_started_outside_give_pages_back(no_conf: None) -> None:
     """Without it, pyarrow's jemalloc returns freed pages: what the export avoids."""
     backend, conf, faults = _child()
@@ -67,10 +75,45 @@ def test_children_started_outside_give_pages_back(no_conf: None) -> None:
     assert faults > 80_000
 
 
+@needs_jemalloc
 def test_a_configuration_the_user_set_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(JEMALLOC_CONF_VAR, "dirty_decay_ms:0,muzzy_decay_ms:0")
-    with jemalloc_conf_for_children():
+    with pool_environment():
         backend, conf, faults = _child()
     assert (backend, conf) == ("jemalloc", "dirty_decay_ms:0,muzzy_decay_ms:0")
     assert faults > 80_000  # given back at once, as the user asked
     assert os.environ[JEMALLOC_CONF_VAR] == "dirty_decay_ms:0,muzzy_decay_ms:0"
+
+
+# the threads a process has once numpy is imported, and what OpenBLAS was told
+_THREADS = """
+import os
+import numpy
+with open("/proc/self/status") as f:
+    threads = next(line.split()[1] for line in f if line.startswith("Threads:"))
+print(threads, os.environ.get("OPENBLAS_NUM_THREADS", "-"))
+"""
+
+
+def _threads() -> tuple[int, str]:
+    out = subprocess.run(
+        [sys.executable, "-c", _THREADS], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split()
+    return int(out[0]), out[1]
+
+
+def test_children_started_inside_import_numpy_without_blas_threads(no_conf: None) -> None:
+    with pool_environment():
+        threads, conf = _threads()
+    assert (threads, conf) == (1, "1")
+    assert OPENBLAS_THREADS_VAR not in os.environ  # the caller's environment as it was
+    if len(os.sched_getaffinity(0)) > 1:  # outside, OpenBLAS starts one per extra core
+        assert _threads()[0] > 1
+
+
+def test_blas_threads_the_user_set_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(OPENBLAS_THREADS_VAR, "2")
+    with pool_environment():
+        _, conf = _threads()
+    assert conf == "2"
+    assert os.environ[OPENBLAS_THREADS_VAR] == "2"

@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from shmprod import shared_batches
+from shmprod.config import OPENBLAS_THREADS_VAR
 from shmprod.errors import ConfigError, ShmprodError
 from shmprod.pool import current, pool_initializer
 from shmprod.shared_batches import SharedBatch, SharedBatches
@@ -300,7 +301,6 @@ JEMALLOC_CONF: Final = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 JEMALLOC_CONF_VAR: Final = "JE_ARROW_MALLOC_CONF"
 # numpy's OpenBLAS with no threads of its own in the export's processes (they never
 # call it; see pool_environment)
-OPENBLAS_THREADS_VAR: Final = "OPENBLAS_NUM_THREADS"
 POOL_ENVIRONMENT: Final = {JEMALLOC_CONF_VAR: JEMALLOC_CONF, OPENBLAS_THREADS_VAR: "1"}
 
 

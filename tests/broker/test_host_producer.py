@@ -118,3 +118,14 @@ def test_runtime_dir_must_be_private(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(shared))
     with pytest.raises(ProducerError, match="0700"):
         runtime_dir()
+
+
+def test_the_daemon_starts_numpy_without_blas_threads(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It never calls BLAS: OpenBLAS's threads would only spin at its start. A value
+    of the caller's does not reach it (its environment is an allow-list)."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    with host_producer(broker.bootstrap, linger_ms=5, idle_timeout_ms=200) as w:
+        environ = Path(f"/proc/{_daemon_pid(w._seg.name)}/environ").read_bytes().split(b"\0")
+    assert b"OPENBLAS_NUM_THREADS=1" in environ

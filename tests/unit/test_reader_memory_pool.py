@@ -3,7 +3,8 @@ Arrow's memory pool (``reader_memory_pool``), configured to keep the memory it f
 that each job's new buffers reuse the last job's pages (counted as page faults, not
 timed); and numpy's OpenBLAS without threads of its own (counted as threads). A value
 the user set is kept, and the caller's environment is as it was afterwards. Each case
-runs a fresh interpreter: both are read once, as the libraries load."""
+runs a fresh interpreter: both are read once, as the libraries load. And how they end:
+at once, with their output flushed (``_end_at_exit``)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,26 @@ def test_blas_threads_the_user_set_are_kept(monkeypatch: pytest.MonkeyPatch) -> 
         _, conf = _threads()
     assert conf == "2"
     assert os.environ[OPENBLAS_THREADS_VAR] == "2"
+
+
+# a pool process's end: output still buffered, a log line, a handler that must run
+# (registered after, so run before), one that must not (registered before: what the
+# interpreter's finalization stands for), then the exit
+_END = """
+import atexit, logging, sys
+from shmprod.exporter import _end_at_exit
+atexit.register(lambda: print("finalized"))
+atexit.register(_end_at_exit)
+atexit.register(lambda: print("detached"))
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+logging.getLogger("x").info("logged")
+sys.stdout.write("buffered")
+raise SystemExit(0)
+"""
+
+
+def test_a_pool_process_ends_at_once_with_its_output_flushed() -> None:
+    out = subprocess.run([sys.executable, "-c", _END], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    assert out.stdout == "buffereddetached\n"
+    assert out.stderr == "logged\n"

@@ -822,3 +822,13 @@ def test_to_binary_array_kinds_are_zero_copy_where_possible() -> None:
     assert V.to_binary_array(strings).buffers()[2].address == strings.buffers()[2].address
     assert V.to_binary_array(pa.nulls(3)).null_count == 3
     assert V.to_binary_array(pa.array([b"ab"], pa.binary(2))).to_pylist() == [b"ab"]
+
+
+def test_the_cached_varints_are_the_encodings_of_their_index() -> None:
+    """The encoder's table of small values, built by byte arithmetic, against the
+    reference encoder for every entry."""
+    from shmprod.protocol.primitives import encode_uvarint
+
+    assert len(R._UVARINTS) == R._UVARINT_CACHE_SIZE
+    for u, encoded in enumerate(R._UVARINTS):
+        assert encoded == encode_uvarint(u)

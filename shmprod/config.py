@@ -68,15 +68,15 @@ SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SECRET_OPTIONS: Final = ("ssl_password", "sasl_plain_password")
 REDACTED: Final = "[redacted]"
+"""What a secret option holds in the configuration handed to workers."""
+MAX_CONNECTIONS_PER_BROKER: Final = 16  # connections_per_broker's bound
+DEFAULT_CONNECTIONS_PER_BROKER: Final = 2  # its default (its row in the table says why)
 
 # numpy's OpenBLAS starts a thread per core beyond the first as numpy loads, and each
 # spins for a while waiting for work. The processes shmprod starts for itself that
 # load numpy (the host producer's daemon, the export's pool) never call BLAS, so they
 # start with this set to 1 (exporter.pool_environment, host._start_daemon).
 OPENBLAS_THREADS_VAR: Final = "OPENBLAS_NUM_THREADS"
-"""What a secret option holds in the configuration handed to workers."""
-MAX_CONNECTIONS_PER_BROKER: Final = 16  # connections_per_broker's bound
-DEFAULT_CONNECTIONS_PER_BROKER: Final = 2  # its default (its row in the table says why)
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,12 @@ time and page faults per GB and MB, as ``bench/suite.py`` does), the CPU of ever
 else the machine ran meanwhile (other processes, interrupts not charged to a process),
 the CPU the host took from this machine's cores (steal) and the free memory it took
 back, where the system counts them, so that a run slower than its neighbours says
-whether the broker, something else or the machine was. Medians of the runs with min
-and max; JSON and markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
+whether the broker, something else or the machine was. ``--warm-mb`` (1024; 0: off)
+holds that much memory through each run's set-up and lets it go just before the clock,
+as ``bench/suite.py`` does: the broker's CPU is mostly page faults, and a fault on
+memory this machine handed back to its host costs several times one on memory freed a
+moment ago (``bench/first_touch.py``). Medians of the runs with min and max; JSON and
+markdown in ``bench/results/`` (``export-quick.*`` for quick runs).
 """
 
 from __future__ import annotations
@@ -149,22 +153,39 @@ class Run:
 
 
 def measure(
-    kind: str, send: Callable[[str, pa.Table, int], None], table: pa.Table, workers: int
+    kind: str,
+    send: Callable[[str, pa.Table, int], None],
+    table: pa.Table,
+    workers: int,
+    warm_mb: int = 0,
 ) -> Run:
     """One run of ``send`` on a fresh broker, after checking the topic holds every row.
-    The broker's CPU, that of all else the machine ran, the host's steal time and the
-    memory it took back (``bench/first_touch.py``) come with it, so that a run slower
-    than its neighbours says where the time went."""
+    ``warm_mb`` MB are held from before the broker starts until just before the clock
+    (the suite's ``--warm-mb``: ``suite.WarmMemory``). The broker's CPU, that of all
+    else the machine ran, the host's steal time and the memory it took back
+    (``bench/first_touch.py``) come with it, so that a run slower than its neighbours
+    says where the time went."""
 
     from first_touch import reported_mb
-    from suite import _broker_kernel, _delta, _kernel, _stat_cpu_s, _steal_s, count_back
+    from suite import (
+        WarmMemory,
+        _broker_kernel,
+        _delta,
+        _kernel,
+        _stat_cpu_s,
+        _steal_s,
+        count_back,
+    )
 
     from shmprod.broker import EmbeddedBroker
 
     gb = table.num_rows * (VALUE_SIZE + 16) / 1e9
+    warm = WarmMemory(warm_mb)
+    warm.take()  # before the broker starts: it and the run draw on what is let go
     with EmbeddedBroker() as broker:
         broker.create_topic(TOPIC, PARTITIONS)
-        probe = _probe()
+        warm.let_go()
+        probe = _probe()  # after: its fresh memory is what the run draws on
         stat = f"/proc/{broker.pid}/stat"
         cpu0, steal0, reported0 = _children_cpu(), _steal_s(), reported_mb()
         b0, k0, busy0, own0 = _stat_cpu_s(stat), _kernel(broker.pid), _busy_s(), _own_cpu()
@@ -268,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument(
+        "--warm-mb",
+        type=int,
+        default=1024,
+        help="MB held through each run's set-up and let go just before its clock "
+        "(1024; 0: off), as bench/suite.py does",
+    )
+    parser.add_argument(
         "--row-group-rows",
         type=int,
         default=10_000,
@@ -299,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         for run in range(runs):  # interleaved: each run measures every kind once
             for kind in sends if run % 2 == 0 else reversed(sends):
-                r = measure(kind, sends[kind], table, args.workers)
+                r = measure(kind, sends[kind], table, args.workers, args.warm_mb)
                 results[kind].append(r)
                 host = _host(r)
                 log.append(
@@ -330,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "workers": args.workers,
         "parquet_row_group_rows": args.row_group_rows,
+        "warm_mb": args.warm_mb,
         "value_size": VALUE_SIZE,
         "key_size": 16,
         "compression": "lz4",
@@ -351,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# export: {rows:,} rows of {VALUE_SIZE} B values, 16 B keys, lz4, "
         f"{args.workers} processes, {runs} run(s); the Parquet file in row groups of "
-        f"{args.row_group_rows:,} rows",
+        f"{args.row_group_rows:,} rows; {args.warm_mb:,} MB held through each run's "
+        "set-up and let go just before its clock",
         "",
         f"{meta['cpu']}; Python {meta['python']}; "
         + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),

@@ -131,8 +131,10 @@ def _shmprod(bootstrap: str, table: pa.Table, workers: int, source: Any = None) 
         raise RuntimeError(f"shmprod export acknowledged {r.records} of {table.num_rows}")
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+def _cpu(who: int) -> float:
+    """CPU seconds so far of this process (``resource.RUSAGE_SELF``) or of the children
+    it saw end (``resource.RUSAGE_CHILDREN``)."""
+    r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
 
 
@@ -179,7 +181,8 @@ def measure(
 
     from shmprod.broker import EmbeddedBroker
 
-    gb = table.num_rows * (VALUE_SIZE + 16) / 1e9
+    nbytes = table.num_rows * (VALUE_SIZE + 16)
+    gb = nbytes / 1e9
     warm = WarmMemory(warm_mb)
     warm.take()  # before the broker starts: it and the run draw on what is let go
     with EmbeddedBroker() as broker:
@@ -187,18 +190,20 @@ def measure(
         warm.let_go()
         probe = _probe()  # after: its fresh memory is what the run draws on
         stat = f"/proc/{broker.pid}/stat"
-        cpu0, steal0, reported0 = _children_cpu(), _steal_s(), reported_mb()
-        b0, k0, busy0, own0 = _stat_cpu_s(stat), _kernel(broker.pid), _busy_s(), _own_cpu()
+        cpu0, steal0, reported0 = _cpu(resource.RUSAGE_CHILDREN), _steal_s(), reported_mb()
+        b0, k0, busy0 = _stat_cpu_s(stat), _kernel(broker.pid), _busy_s()
+        own0 = _cpu(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         send(broker.bootstrap, table, workers)
         seconds = time.perf_counter() - t0
-        b1, k1, busy1, own1 = _stat_cpu_s(stat), _kernel(broker.pid), _busy_s(), _own_cpu()
-        cpu = _children_cpu() - cpu0
+        b1, k1, busy1 = _stat_cpu_s(stat), _kernel(broker.pid), _busy_s()
+        own1 = _cpu(resource.RUSAGE_SELF)
+        cpu = _cpu(resource.RUSAGE_CHILDREN) - cpu0
         steal, reported = _delta(steal0, _steal_s()), _delta(reported0, reported_mb())
         got = count_back(broker.bootstrap, table.num_rows, topic=TOPIC, partitions=PARTITIONS)
     if got != table.num_rows:
         raise RuntimeError(f"{kind}: the topic holds {got} records, {table.num_rows} were sent")
-    kernel = _broker_kernel(k0, k1, int(gb * 1e9))
+    kernel = _broker_kernel(k0, k1, nbytes)
     others = None
     if busy0 is not None and busy1 is not None:  # the machine's CPU less this run's own
         others = max(0.0, (busy1 - busy0) - cpu - (b1 - b0) - (own1 - own0)) / seconds
@@ -240,25 +245,17 @@ def _probe() -> tuple[float, float]:
 
 
 def _busy_s() -> float | None:
-    """CPU seconds the machine's cores have run anything (all but idle, iowait and
-    steal), summed over the cores; None where the system does not count them."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+    """CPU seconds the machine's cores have run anything (user, nice, system and
+    interrupts: all but idle, iowait and steal), summed over the cores; read as the
+    suite reads steal time (``psutil.cpu_times``), None where the system does not count
+    interrupts."""
+    import psutil
+
+    t = psutil.cpu_times()
+    irq, softirq = getattr(t, "irq", None), getattr(t, "softirq", None)
+    if irq is None or softirq is None:
         return None
-    # user nice system idle iowait irq softirq steal (guest time is inside user)
-    if len(fields) < 8:
-        return None
-    return (sum(fields[:8]) - fields[3] - fields[4] - fields[7]) / _TICKS
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return float(t.user + t.nice + t.system + irq + softirq)
 
 
 def _host(r: Run) -> str:

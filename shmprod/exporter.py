@@ -379,8 +379,9 @@ def _end_at_exit() -> None:
     """The last thing a pool process does: ends it with status 0 (``os._exit``) instead
     of the interpreter's finalization, which frees every module's objects, pyarrow's
     and numpy's too: 10-60 ms of wall time, 40-60 in four runs of five (``import
-    shmprod.exporter`` then exit, against the same then ``os._exit``). ``export`` shuts its pool down
-    and waits for every process to end before it closes the producer.
+    shmprod.exporter`` then exit, against the same then ``os._exit``). ``export``
+    shuts its pool down and waits for every process to end before it closes the
+    producer.
 
     By then the process has detached from the producer (a finalizer of multiprocessing,
     run before it exits: :func:`shmprod.pool.pool_initializer`) and written every

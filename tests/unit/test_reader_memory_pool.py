@@ -44,11 +44,17 @@ print(pool.backend_name, os.environ.get("JE_ARROW_MALLOC_CONF", "-"), faults)
 """
 
 
-def _child() -> tuple[str, str, int]:
-    """A process started from this one (its environment inherited) runs the reads."""
-    out = subprocess.run(
-        [sys.executable, "-c", _READS], capture_output=True, text=True, timeout=120, check=True
+def _words(script: str) -> list[str]:
+    """What ``script`` prints, run by a process started from this one (its environment
+    inherited)."""
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     ).stdout.split()
+
+
+def _child() -> tuple[str, str, int]:
+    """The reads, in a process started from this one."""
+    out = _words(_READS)
     return out[0], out[1], int(out[2])
 
 
@@ -97,9 +103,7 @@ print(threads, os.environ.get("OPENBLAS_NUM_THREADS", "-"))
 
 
 def _threads() -> tuple[int, str]:
-    out = subprocess.run(
-        [sys.executable, "-c", _THREADS], capture_output=True, text=True, timeout=120, check=True
-    ).stdout.split()
+    out = _words(_THREADS)
     return int(out[0]), out[1]
 
 

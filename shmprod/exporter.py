@@ -301,8 +301,8 @@ HANDLE_WAIT_S: Final = 300.0
 # pyarrow's jemalloc as the export's processes configure it: freed memory kept for reuse
 JEMALLOC_CONF: Final = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 JEMALLOC_CONF_VAR: Final = "JE_ARROW_MALLOC_CONF"
-# numpy's OpenBLAS with no threads of its own in the export's processes (they never
-# call it; see pool_environment)
+# what the export's processes start with: that jemalloc, and numpy's OpenBLAS with no
+# threads of its own (they never call it; see pool_environment)
 POOL_ENVIRONMENT: Final = {JEMALLOC_CONF_VAR: JEMALLOC_CONF, OPENBLAS_THREADS_VAR: "1"}
 
 

@@ -36,7 +36,7 @@ from shmprod.shm import Segment
 from shmprod.sweep import socket_dir, sweep
 from shmprod.worker import Worker, attach
 
-__all__ = ["Producer", "attach", "spawn_sender"]
+__all__ = ["Producer", "attach", "give_spec", "spawn_sender", "start_sender"]
 
 SENDER_START_TIMEOUT_S = 30.0
 
@@ -117,16 +117,34 @@ def spawn_sender(
 
     The spec (the handle's secret, broker credentials) goes through a pipe that is then
     closed, never on the command line: ``/proc/PID/cmdline`` is readable by every user.
-    It is a few KiB, far below a pipe's buffer, so the write never waits for the sender;
-    a sender that died at once shows up as EPIPE here, or as EOF to ``attach``.
     """
-    proc = subprocess.Popen(
+    proc = start_sender(spec.listen_fd, env=env, start_new_session=start_new_session)
+    give_spec(proc, spec)
+    return proc
+
+
+def start_sender(
+    listen_fd: int, *, env: Mapping[str, str] | None = None, start_new_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """Starts ``python -m shmprod.sender`` with ``listen_fd`` (the control socket, bound
+    or not yet) and its stdin a pipe: it imports its modules, then waits there for the
+    spec (:func:`give_spec`). Runs in: owner."""
+    return subprocess.Popen(
         [sys.executable, "-m", "shmprod.sender"],
-        pass_fds=[spec.listen_fd],
+        pass_fds=[listen_fd],
         stdin=subprocess.PIPE,
         env=None if env is None else dict(env),
         start_new_session=start_new_session,
     )
+
+
+def give_spec(proc: subprocess.Popen[bytes], spec: SenderSpec) -> None:
+    """Writes ``spec`` to a sender started by :func:`start_sender` and closes its stdin.
+    Runs in: owner.
+
+    The spec is a few KiB, far below a pipe's buffer, so the write never waits for the
+    sender; a sender that died at once shows up as EPIPE here, or as EOF to ``attach``.
+    """
     assert proc.stdin is not None
     try:
         proc.stdin.write(spec.to_json().encode("utf-8"))
@@ -135,15 +153,22 @@ def spawn_sender(
     finally:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
-    return proc
 
 
-def _cleanup(segment: Segment, tmpdir: str, proc: subprocess.Popen[bytes]) -> None:
-    """Last-resort cleanup (garbage collection or interpreter exit without close())."""
+def _stop_sender(proc: subprocess.Popen[bytes]) -> None:
+    """Kills a sender and reaps it. Runs in: owner."""
     if proc.poll() is None:
         proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+
+
+def _cleanup(segment: Segment, tmpdir: str, proc: subprocess.Popen[bytes]) -> None:
+    """Last-resort cleanup (garbage collection or interpreter exit without close())."""
+    _stop_sender(proc)
     with contextlib.suppress(BufferError):
         segment.close()
     segment.unlink()
@@ -213,30 +238,34 @@ class Producer:
                     stale.segment,
                     stale.size / 2**20,
                 )
-        self._segment = Segment.create(geo.segment_size)
-        log.info(
-            "producer in shared memory %s/%s (watch it: shmprod stats %s)",
-            shm.SHM_DIR,
-            self._segment.name,
-            self._segment.name,
-        )
-        start_us = process_start_us()
-        write_header(self._segment.view, geo, self._pid, start_us)
-        self._tmpdir = socket_dir(self._segment.name)
-        try:
-            os.mkdir(self._tmpdir, 0o700)
-        except OSError:
-            self._segment.close()
-            self._segment.unlink()
-            raise
-        socket_path = os.path.join(self._tmpdir, "ctl.sock")
+        # The sender starts first: its interpreter imports its modules (about 100 ms)
+        # while this process reserves the pool (about 35 ms for 64 MiB: every page
+        # allocated, zeroed and mapped), and waits on its stdin for the spec. Until the
+        # spec is written it has only a pipe and an unbound socket: a failure here kills
+        # it, and if this process dies it reads EOF and exits.
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        proc: subprocess.Popen[bytes] | None = None
+        segment: Segment | None = None
+        tmpdir: str | None = None
         try:
+            proc = start_sender(listener.fileno(), env=_sender_env(), start_new_session=True)
+            segment = Segment.create(geo.segment_size)
+            log.info(
+                "producer in shared memory %s/%s (watch it: shmprod stats %s)",
+                shm.SHM_DIR,
+                segment.name,
+                segment.name,
+            )
+            start_us = process_start_us()
+            write_header(segment.view, geo, self._pid, start_us)
+            tmpdir = socket_dir(segment.name)
+            os.mkdir(tmpdir, 0o700)
+            socket_path = os.path.join(tmpdir, "ctl.sock")
             listener.bind(socket_path)
             listener.listen(256)
             secret = os.urandom(16)
             spec = SenderSpec(
-                segment=self._segment.name,
+                segment=segment.name,
                 socket_path=socket_path,
                 secret_hex=secret.hex(),
                 owner_pid=self._pid,
@@ -244,14 +273,19 @@ class Producer:
                 listen_fd=listener.fileno(),
                 config=cfg.to_wire(),
             )
-            self._proc = spawn_sender(spec, env=_sender_env(), start_new_session=True)
+            give_spec(proc, spec)
         except BaseException:
             listener.close()
-            self._segment.close()
-            self._segment.unlink()
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            if proc is not None:
+                _stop_sender(proc)
+            if segment is not None:
+                segment.close()
+                segment.unlink()
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
             raise
         listener.close()  # the sender has its own copy
+        self._segment, self._tmpdir, self._proc = segment, tmpdir, proc
         self._finalizer = weakref.finalize(self, _cleanup, self._segment, self._tmpdir, self._proc)
         self.handle = Handle(
             segment=self._segment.name,

@@ -1,14 +1,15 @@
 """``python -m shmprod.sender < spec.json``: run the sender process.
 
-Reads its :class:`SenderSpec` as JSON from stdin until EOF (the owner writes it into a
-pipe and closes it): the spec holds the handle's secret and the broker credentials,
-which a command line would show to every user. Maps the segment named in the spec, wraps the listening socket inherited from the owner
-(``pass_fds``), records this process's pid and start time in HEADER, runs the loop and
-exits with its status (see :mod:`shmprod.sender.lifecycle`). Logs go to stderr at the
-level in ``SHMPROD_LOG_LEVEL`` (default WARNING) and never contain the secret or a
-password. SIGINT is
-ignored: a Ctrl-C in the user's terminal reaches the whole process group, and the owner
-decides when the producer closes.
+Imports its modules, then reads its :class:`SenderSpec` as JSON from stdin until EOF
+(the owner starts this process first and writes the spec into the pipe once the pool
+is made, then closes it): the spec holds the handle's secret and the broker
+credentials, which a command line would show to every user. Maps the segment named in
+the spec, wraps the listening socket inherited from the owner (``pass_fds``), records
+this process's pid and start time in HEADER, runs the loop and exits with its status
+(see :mod:`shmprod.sender.lifecycle`). Logs go to stderr at the level in
+``SHMPROD_LOG_LEVEL`` (default WARNING) and never contain the secret or a password.
+SIGINT is ignored: a Ctrl-C in the user's terminal reaches the whole process group, and
+the owner decides when the producer closes.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import socket
 import sys
 from typing import NoReturn
 
+from shmprod import layout
 from shmprod.handle import SenderSpec
 from shmprod.ipc import process_start_us
 from shmprod.sender import lifecycle
+from shmprod.sender.loop import Sender
+from shmprod.shm import Segment
 
 MAX_SPEC_BYTES = 1 << 20
 
@@ -41,8 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             "usage: python -m shmprod.sender < spec.json (a SenderSpec on stdin; no arguments)"
         )
         return lifecycle.EXIT_USAGE
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         text = sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
+        if not text:
+            log.warning("no spec on stdin: the owner stopped before the producer started")
+            return lifecycle.EXIT_USAGE
         if len(text) > MAX_SPEC_BYTES:
             raise ValueError("spec too large")
         spec = SenderSpec.from_json(text.decode("utf-8"))
@@ -50,16 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as exc:
         log.error("not a SenderSpec: %s", type(exc).__name__)
         return lifecycle.EXIT_USAGE
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return run(spec)
 
 
 def run(spec: SenderSpec) -> int:
     """Runs a sender for ``spec`` in this process; returns its exit status."""
-    from shmprod import layout
-    from shmprod.sender.loop import Sender
-    from shmprod.shm import Segment
-
     log = logging.getLogger("shmprod.sender")
     listen = socket.socket(fileno=spec.listen_fd)
     try:

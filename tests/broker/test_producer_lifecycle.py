@@ -56,6 +56,27 @@ def _wait_until(cond: Any, timeout: float) -> bool:
     return bool(cond())
 
 
+def _live_senders() -> list[psutil.Process]:
+    return [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if "shmprod.sender" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+def _our_files() -> set[str]:
+    import tempfile
+
+    from shmprod import shm
+
+    return {
+        os.path.join(d, n)
+        for d in (shm.SHM_DIR, tempfile.gettempdir())
+        for n in os.listdir(d)
+        if n.startswith(shm.NAME_PREFIX)
+    }
+
+
 def test_close_leaves_nothing_behind(broker: EmbeddedBroker) -> None:
     broker.create_topic("life-close", 2)
     p = Producer(bootstrap_servers=broker.bootstrap)
@@ -68,12 +89,7 @@ def test_close_leaves_nothing_behind(broker: EmbeddedBroker) -> None:
     assert not os.path.exists(f"/dev/shm/{segment}")
     assert not os.path.exists(os.path.dirname(sock))
     assert _wait_until(lambda: _gone(sender), 10)
-    senders = [
-        c
-        for c in psutil.Process().children(recursive=True)
-        if "shmprod.sender" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE
-    ]
-    assert not senders
+    assert not _live_senders()
     with pytest.raises(ProducerClosedError):
         p.send("life-close", b"late")
 
@@ -583,3 +599,23 @@ def test_a_small_dev_shm_sizes_the_pool_to_fit_and_says_so(
     monkeypatch.setattr(shm, "free_bytes", lambda path=shm.SHM_DIR: 256 * 1024)
     with pytest.raises(SharedMemoryError, match="MiB free but the producer's pool needs"):
         Producer(bootstrap_servers=broker.bootstrap)
+
+
+def test_a_start_that_fails_after_the_sender_started_leaves_nothing(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sender's interpreter starts before the pool is made; a failure in making the
+    pool or the control socket kills it and removes what was made, with the error."""
+    from shmprod import producer, shm
+    from shmprod.shm import SharedMemoryError
+
+    before = _our_files()
+    monkeypatch.setattr(shm, "free_bytes", lambda path=shm.SHM_DIR: 256 * 1024)
+    with pytest.raises(SharedMemoryError):  # no room for the pool
+        Producer(bootstrap_servers=broker.bootstrap)
+    monkeypatch.undo()
+    monkeypatch.setattr(producer, "socket_dir", lambda name: os.path.join("/nonexistent", name))
+    with pytest.raises(FileNotFoundError):  # the segment was made, the socket's directory not
+        Producer(bootstrap_servers=broker.bootstrap)
+    assert not _live_senders()
+    assert _our_files() <= before

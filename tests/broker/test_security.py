@@ -428,6 +428,16 @@ def test_sender_takes_its_spec_on_stdin_only() -> None:
             check=False,
         )
         assert done.returncode == lifecycle.EXIT_USAGE
+    # nothing on stdin: an owner that stopped before it wrote the spec
+    done = subprocess.run(
+        [sys.executable, "-m", "shmprod.sender"],
+        input=b"",
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == lifecycle.EXIT_USAGE
+    assert b"no spec on stdin" in done.stderr
     assert (
         b"< spec.json"
         in subprocess.run(

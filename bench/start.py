@@ -7,14 +7,17 @@ confluent-kafka's.
 
 One embedded broker and a 12-partition topic for the whole invocation. Each run is a
 fresh interpreter (`python bench/start.py --child NAME ...`) that times the client's
-imports, its producer built (`Producer(...)` returned), its first
-record acknowledged (one keyed 100 B record, `send(...).result()` / `produce` and
-`flush`), its close (`close()` / `flush()` and the producer dropped), and the whole
-process from its first line to the close. Both clients
-run with acks=all, idempotence on and linger 5 ms. The CPU is the process's and its
-children's (shmprod's sender), from `getrusage` once the producer is closed. Runs of
-the two clients alternate; medians with the lowest and highest run. JSON and markdown
-in ``bench/results/`` (``start-quick.*`` for quick runs, or ``--out``).
+imports, its producer built (`Producer(...)` returned), its first record acknowledged
+(one keyed 100 B record, `send(...).result()` / `produce` and `flush`), its close
+(`close()` / `flush()` and the producer dropped), and the whole process from its first
+line to the close; then a second producer built and its first record acknowledged in
+the same process ("again": the modules loaded, and numpy's OpenBLAS threads, which spin
+for about 0.1 s after numpy loads in a process without `OPENBLAS_NUM_THREADS=1`,
+quiet). Both clients run with acks=all, idempotence on and linger 5 ms. The CPU is the
+process's and its children's (shmprod's sender) up to the first close, from
+`getrusage`. Runs of the two clients alternate; medians with the lowest and highest
+run. JSON and markdown in ``bench/results/`` (``start-quick.*`` for quick runs, or
+``--out``). The topic is read back: it must hold exactly the records acknowledged.
 """
 
 from __future__ import annotations
@@ -34,7 +37,16 @@ from typing import Any  # noqa: E402
 TOPIC = "start"
 PARTITIONS = 12
 CLIENTS = ("shmprod", "confluent-kafka")
-PHASES = ("import_ms", "built_ms", "first_ack_ms", "close_ms", "total_ms", "cpu_ms")
+PHASES = (
+    "import_ms",
+    "built_ms",
+    "first_ack_ms",
+    "close_ms",
+    "total_ms",
+    "cpu_ms",
+    "again_built_ms",
+    "again_first_ack_ms",
+)
 
 
 def _ms(since: float) -> float:
@@ -49,15 +61,13 @@ def _cpu_ms() -> float:
     return 1e3 * (own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime)
 
 
-def child(client: str, bootstrap: str) -> dict[str, float]:
-    """One run: times a producer's start, first acknowledgement and close. Runs in: a
-    fresh interpreter (``total_ms`` from this file's first line)."""
+def _produce_one(client: str, bootstrap: str) -> tuple[float, float, float]:
+    """Builds a producer, has one record acknowledged, closes it: ms to build, to the
+    acknowledgement (from the constructor) and of the close."""
     value, key = b"v" * 100, b"k" * 16
-    t_import = time.perf_counter()
     if client == "shmprod":
         from shmprod import Producer
 
-        imported = _ms(t_import)
         t = time.perf_counter()
         p = Producer(bootstrap_servers=bootstrap, linger_ms=5)
         built = _ms(t)
@@ -69,7 +79,6 @@ def child(client: str, bootstrap: str) -> dict[str, float]:
         from confluent_kafka import KafkaError
         from confluent_kafka import Producer as CKProducer
 
-        imported = _ms(t_import)
         t = time.perf_counter()
         ck = CKProducer(
             {
@@ -90,14 +99,32 @@ def child(client: str, bootstrap: str) -> dict[str, float]:
         del ck
     else:
         raise ValueError(f"unknown client {client!r}")
-    closed = _ms(t_close)
+    return built, first, _ms(t_close)
+
+
+def child(client: str, bootstrap: str) -> dict[str, float]:
+    """One run: times a producer's start, first acknowledgement and close, then a second
+    producer's in the same process (its modules loaded, numpy's OpenBLAS threads, which
+    spin for about 0.1 s after numpy loads, quiet). Runs in: a fresh interpreter
+    (``total_ms`` from this file's first line)."""
+    t_import = time.perf_counter()
+    if client == "shmprod":
+        from shmprod import Producer  # noqa: F401
+    else:
+        from confluent_kafka import Producer as _
+    imported = _ms(t_import)
+    built, first, closed = _produce_one(client, bootstrap)
+    total, cpu = _ms(T0), _cpu_ms()
+    again_built, again_first, _ = _produce_one(client, bootstrap)
     return {
         "import_ms": imported,
         "built_ms": built,
         "first_ack_ms": first,
         "close_ms": closed,
-        "total_ms": _ms(T0),
-        "cpu_ms": _cpu_ms(),
+        "total_ms": total,
+        "cpu_ms": cpu,
+        "again_built_ms": again_built,
+        "again_first_ack_ms": again_first,
     }
 
 
@@ -149,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                     + "  ".join(f"{k[:-3]} {r[k]:.0f} ms" for k in PHASES),
                     flush=True,
                 )
-        landed = count_back(broker.bootstrap, 2 * repeat, topic=TOPIC, partitions=PARTITIONS)
-        if landed != 2 * repeat:
-            raise RuntimeError(f"sent {2 * repeat}, the broker holds {landed}")
+        sent = 2 * len(CLIENTS) * repeat
+        landed = count_back(broker.bootstrap, sent, topic=TOPIC, partitions=PARTITIONS)
+        if landed != sent:
+            raise RuntimeError(f"sent {sent}, the broker holds {landed}")
     rows = []
     for client in CLIENTS:
         row: dict[str, Any] = {"client": client}
@@ -183,15 +211,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{meta['confluent_kafka']}. One embedded broker, a {PARTITIONS}-partition "
             "topic; each run a fresh interpreter that imports the client, builds a "
             "producer (acks=all, idempotence on, linger 5 ms), has one keyed 100 B "
-            "record acknowledged and closes the producer. ms of the client's imports, "
-            "from the producer's constructor (built, first ack), of the close, and from "
-            "the process's first line to the close (whole process); CPU of the process and its children (shmprod's sender). Medians "
+            "record acknowledged and closes the producer, then builds a second and has "
+            "one record acknowledged again. ms of the client's imports, from the "
+            "producer's constructor (built, first ack), of the close, and from the "
+            "process's first line to the close (whole process); CPU of the process and "
+            "its children (shmprod's sender) to the first close; again: the second "
+            "producer's, its modules loaded and numpy's OpenBLAS threads quiet. Medians "
             f"of {repeat} run(s) of each client, interleaved, lowest - highest in "
             f"brackets. Took {meta['elapsed_s']:.0f} s.\n\n"
         )
         fh.write(
             "| client | imports ms | built ms | first ack ms | close ms | whole process ms "
-            "| CPU ms |\n|---|---:|---:|---:|---:|---:|---:|\n"
+            "| CPU ms | again: built ms | again: first ack ms |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         )
         for r in rows:
             cells = " | ".join(

@@ -72,6 +72,21 @@ FIRST_FLEXIBLE_VERSION: Final[Mapping[int, int]] = {
 """First flexible version of each known API (``flexibleVersions`` in the Kafka schemas;
 :data:`NEVER_FLEXIBLE` for ``"none"``)."""
 
+SUPPORTED_VERSIONS: Final[Mapping[int, tuple[int, int]]] = {
+    ApiKey.PRODUCE: (3, 11),
+    ApiKey.FETCH: (4, 12),
+    ApiKey.METADATA: (1, 12),
+    ApiKey.API_VERSIONS: (0, 3),
+    ApiKey.CREATE_TOPICS: (0, 7),
+    ApiKey.INIT_PRODUCER_ID: (0, 5),
+    ApiKey.SASL_HANDSHAKE: (0, 1),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
+}
+"""The (min, max) versions shmprod speaks, by API key: each message class's
+``VERSIONS``. Kept here, apart from the classes, so a process learns them without
+loading the codecs of APIs it never calls (the sender never fetches or creates
+topics)."""
+
 
 class UnsupportedVersionError(ProtocolError):
     """No usable version: an unknown API key, or no version both sides support."""

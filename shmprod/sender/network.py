@@ -76,12 +76,14 @@ from shmprod.protocol.messages import (
     encode_request_segments,
     version_for,
 )
-from shmprod.protocol.sasl_exchange import SaslCredentials, SaslExchange, SaslStep
 from shmprod.sender.resolver import Address
 from shmprod.sender.units import MS
 
 if TYPE_CHECKING:
     import ssl  # at run time only with TLS: a producer without it never loads ssl
+
+    # at run time only with SASL (with SCRAM's hashing)
+    from shmprod.protocol.sasl_exchange import SaslCredentials, SaslExchange, SaslStep
 
 IOV_MAX = 1024
 RECV_SIZE = 1 << 20
@@ -583,6 +585,8 @@ class NodeConnection:
             return
         self.state = ConnState.AUTHENTICATING
         try:
+            from shmprod.protocol.sasl_exchange import SaslExchange
+
             self._sasl_exchange = SaslExchange(self._sasl, offered, f"{self.host}:{self.port}")
         except AuthenticationError as exc:
             raise _fatal(exc) from None

@@ -117,10 +117,14 @@ def test_the_sender_modules_load_no_numpy_or_arrow() -> None:
         "import sys; import shmprod.sender.__main__; from shmprod.config import ProducerConfig;"
         " ProducerConfig(bootstrap_servers='127.0.0.1:9', compression_type='lz4');"
         " print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pyarrow'}));"
-        f" print('OPTIONAL', sorted(m for m in {OPTIONAL!r} if m in sys.modules))"
+        f" print('OPTIONAL', sorted(m for m in {OPTIONAL!r} if m in sys.modules));"
+        " print('CODECS', sorted(m for m in sys.modules if m.endswith(('.fetch',"
+        " '.create_topics', '.sasl', '.sasl_exchange', '.scram'))))"
     )
     out = python_output(child, timeout=60)
     assert "LOADED []" in out and "OPTIONAL []" in out, out
+    # nor the codecs of the APIs a producer without SASL never calls
+    assert "CODECS []" in out, out
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc/<pid>/maps")

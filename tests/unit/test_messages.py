@@ -727,8 +727,9 @@ def test_negotiate_versions() -> None:
 
 
 def test_supported_versions_match_the_flexible_table() -> None:
+    assert set(SUPPORTED_VERSIONS) == set(REQUEST_TYPES) == set(RESPONSE_TYPES)
     for key, (lo, hi) in SUPPORTED_VERSIONS.items():
-        assert (lo, hi) == RESPONSE_TYPES[key].VERSIONS
+        assert (lo, hi) == REQUEST_TYPES[key].VERSIONS == RESPONSE_TYPES[key].VERSIONS
         is_flexible(key, lo)  # the header table knows every supported API
     assert [v for v in range(3, 12) if is_flexible(ApiKey.PRODUCE, v)] == [9, 10, 11]
 

@@ -1,11 +1,16 @@
 """The requests and responses shmprod speaks, in both directions.
 
 One module per API (``api_versions``, ``metadata``, ``produce``, ``init_producer_id``,
-``create_topics``, ``sasl``) declares its dataclasses with version-gated fields (see
-:mod:`.schema`); :mod:`.codec` turns them into whole frames and back.
+``create_topics``, ``fetch``, ``sasl``) declares its dataclasses with version-gated
+fields (see :mod:`.schema`); :mod:`.codec` turns them into whole frames and back. The
+versions of each are in :data:`shmprod.protocol.frames.SUPPORTED_VERSIONS`;
+``create_topics``, ``fetch`` and ``sasl``, which a producer without SASL never sends,
+load at first use.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from shmprod.protocol.frames import UnsupportedVersionError
 from shmprod.protocol.messages.api_versions import (
@@ -17,8 +22,6 @@ from shmprod.protocol.messages.api_versions import (
     VersionsHandshake,
 )
 from shmprod.protocol.messages.codec import (
-    REQUEST_TYPES,
-    RESPONSE_TYPES,
     SUPPORTED_VERSIONS,
     choose_version,
     decode_request,
@@ -30,25 +33,6 @@ from shmprod.protocol.messages.codec import (
     encode_response,
     negotiate_versions,
     version_for,
-)
-from shmprod.protocol.messages.create_topics import (
-    CreatableReplicaAssignment,
-    CreatableTopic,
-    CreatableTopicConfig,
-    CreatableTopicConfigs,
-    CreatableTopicResult,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-)
-from shmprod.protocol.messages.fetch import (
-    AbortedTransaction,
-    FetchableTopicResponse,
-    FetchPartition,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
-    ForgottenTopic,
-    PartitionData,
 )
 from shmprod.protocol.messages.init_producer_id import (
     InitProducerIdRequest,
@@ -73,12 +57,6 @@ from shmprod.protocol.messages.produce import (
     TopicProduceData,
     TopicProduceResponse,
 )
-from shmprod.protocol.messages.sasl import (
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
-    SaslHandshakeResponse,
-)
 from shmprod.protocol.messages.schema import (
     Message,
     RecordsBuffer,
@@ -89,6 +67,51 @@ from shmprod.protocol.messages.schema import (
     decode_body,
     encode_body,
 )
+
+if TYPE_CHECKING:
+    from shmprod.protocol.messages.codec import REQUEST_TYPES, RESPONSE_TYPES
+    from shmprod.protocol.messages.create_topics import (
+        CreatableReplicaAssignment,
+        CreatableTopic,
+        CreatableTopicConfig,
+        CreatableTopicConfigs,
+        CreatableTopicResult,
+        CreateTopicsRequest,
+        CreateTopicsResponse,
+    )
+    from shmprod.protocol.messages.fetch import (
+        AbortedTransaction,
+        FetchableTopicResponse,
+        FetchPartition,
+        FetchRequest,
+        FetchResponse,
+        FetchTopic,
+        ForgottenTopic,
+        PartitionData,
+    )
+    from shmprod.protocol.messages.sasl import (
+        SaslAuthenticateRequest,
+        SaslAuthenticateResponse,
+        SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    )
+
+
+def __getattr__(name: str) -> object:
+    """The names above imported only for type checking, loaded at first use: the
+    registries of every API and the codecs of the APIs a producer's processes never
+    speak (Fetch, CreateTopics; SASL's unless its ``security_protocol`` says so; see
+    ``codec._registries``)."""
+    import importlib
+
+    if name in __all__:
+        for module in ("codec", "create_topics", "fetch", "sasl"):
+            found = getattr(importlib.import_module(f"{__name__}.{module}"), name, None)
+            if found is not None:
+                globals()[name] = found
+                return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "REQUEST_TYPES",

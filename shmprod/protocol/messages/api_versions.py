@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from shmprod.errors import KafkaError
 from shmprod.protocol.error_codes import UNSUPPORTED_VERSION
-from shmprod.protocol.frames import ApiKey, UnsupportedVersionError
+from shmprod.protocol.frames import SUPPORTED_VERSIONS, ApiKey, UnsupportedVersionError
 from shmprod.protocol.messages.schema import (
     BOOL,
     INT16,
@@ -35,7 +35,7 @@ class ApiVersionsRequest(Request):
     """Asks the broker for its supported API versions."""
 
     API_KEY: ClassVar[int] = ApiKey.API_VERSIONS
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.API_VERSIONS]
 
     client_software_name: str = fld(STRING, "3+", default="shmprod")
     client_software_version: str = fld(STRING, "3+", default="unknown")
@@ -73,7 +73,7 @@ class ApiVersionsResponse(Response):
     """The broker's supported versions; its header is always v0 (see frames)."""
 
     API_KEY: ClassVar[int] = ApiKey.API_VERSIONS
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.API_VERSIONS]
 
     error_code: int = fld(INT16, "0+")
     api_keys: list[ApiVersion] = fld(array(ApiVersion), "0+")

@@ -8,11 +8,13 @@ spliced in uncopied, ready for ``socket.sendmsg``) and decodes answers with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
-from typing import Final, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from shmprod.errors import DecodeError
 from shmprod.protocol.frames import (
+    SUPPORTED_VERSIONS,
     ApiKey,
     RequestHeader,
     UnsupportedVersionError,
@@ -24,20 +26,12 @@ from shmprod.protocol.frames import (
 )
 from shmprod.protocol.messages import produce_fast
 from shmprod.protocol.messages.api_versions import ApiVersionsRequest, ApiVersionsResponse
-from shmprod.protocol.messages.create_topics import CreateTopicsRequest, CreateTopicsResponse
-from shmprod.protocol.messages.fetch import FetchRequest, FetchResponse
 from shmprod.protocol.messages.init_producer_id import (
     InitProducerIdRequest,
     InitProducerIdResponse,
 )
 from shmprod.protocol.messages.metadata import MetadataRequest, MetadataResponse
 from shmprod.protocol.messages.produce import ProduceRequest, ProduceResponse
-from shmprod.protocol.messages.sasl import (
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
-    SaslHandshakeResponse,
-)
 from shmprod.protocol.messages.schema import (
     Request,
     Response,
@@ -50,9 +44,43 @@ from shmprod.protocol.messages.schema import (
 
 R = TypeVar("R", bound=Response)
 
-REQUEST_TYPES: Final[Mapping[int, type[Request]]] = {
-    cls.API_KEY: cls
-    for cls in (
+if TYPE_CHECKING:  # built at first use (see __getattr__)
+    REQUEST_TYPES: Mapping[int, type[Request]]
+    RESPONSE_TYPES: Mapping[int, type[Response]]
+
+__all__ = [
+    "REQUEST_TYPES",
+    "RESPONSE_TYPES",
+    "SUPPORTED_VERSIONS",
+    "choose_version",
+    "decode_request",
+    "decode_response",
+    "encode_produce_request",
+    "encode_produce_request_segments",
+    "encode_request",
+    "encode_request_segments",
+    "encode_response",
+    "negotiate_versions",
+    "version_for",
+]
+
+
+@functools.cache
+def _registries() -> tuple[Mapping[int, type[Request]], Mapping[int, type[Response]]]:
+    """Every API's request and response classes by API key (``REQUEST_TYPES``,
+    ``RESPONSE_TYPES``). The codecs of the APIs a producer's processes never call
+    (Fetch, CreateTopics; SASL's without SASL) are loaded here, at the first use: by a
+    test proxy, the blocking connection or a test."""
+    from shmprod.protocol.messages.create_topics import CreateTopicsRequest, CreateTopicsResponse
+    from shmprod.protocol.messages.fetch import FetchRequest, FetchResponse
+    from shmprod.protocol.messages.sasl import (
+        SaslAuthenticateRequest,
+        SaslAuthenticateResponse,
+        SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    )
+
+    requests: tuple[type[Request], ...] = (
         ProduceRequest,
         FetchRequest,
         MetadataRequest,
@@ -62,10 +90,7 @@ REQUEST_TYPES: Final[Mapping[int, type[Request]]] = {
         SaslHandshakeRequest,
         SaslAuthenticateRequest,
     )
-}
-RESPONSE_TYPES: Final[Mapping[int, type[Response]]] = {
-    cls.API_KEY: cls
-    for cls in (
+    responses: tuple[type[Response], ...] = (
         ProduceResponse,
         FetchResponse,
         MetadataResponse,
@@ -75,11 +100,15 @@ RESPONSE_TYPES: Final[Mapping[int, type[Response]]] = {
         SaslHandshakeResponse,
         SaslAuthenticateResponse,
     )
-}
-SUPPORTED_VERSIONS: Final[Mapping[int, tuple[int, int]]] = {
-    key: cls.VERSIONS for key, cls in REQUEST_TYPES.items()
-}
-"""The (min, max) versions shmprod speaks, by API key."""
+    return {c.API_KEY: c for c in requests}, {c.API_KEY: c for c in responses}
+
+
+def __getattr__(name: str) -> object:
+    if name == "REQUEST_TYPES":
+        return _registries()[0]
+    if name == "RESPONSE_TYPES":
+        return _registries()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -146,7 +175,7 @@ def decode_request(payload: bytes | bytearray | memoryview) -> tuple[RequestHead
     request are memoryviews into ``payload``.
     """
     header = decode_request_header(payload)
-    cls = REQUEST_TYPES.get(header.api_key)
+    cls = _registries()[0].get(header.api_key)
     if cls is None:
         raise UnsupportedVersionError(f"no codec for api key {header.api_key}")
     return header, decode_body(cls, payload, header.api_version, header.body_offset)

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shmprod.protocol.frames import ApiKey
+from shmprod.protocol.frames import SUPPORTED_VERSIONS, ApiKey
 from shmprod.protocol.messages.schema import (
     BOOL,
     INT8,
@@ -64,7 +64,7 @@ class CreateTopicsRequest(Request):
     """Topics to create, and how long the broker may take."""
 
     API_KEY: ClassVar[int] = ApiKey.CREATE_TOPICS
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 7)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.CREATE_TOPICS]
 
     topics: list[CreatableTopic] = fld(array(CreatableTopic), "0+")
     timeout_ms: int = fld(INT32, "0+", default=60_000)
@@ -103,7 +103,7 @@ class CreateTopicsResponse(Response):
     """Per-topic outcomes of a create request."""
 
     API_KEY: ClassVar[int] = ApiKey.CREATE_TOPICS
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 7)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.CREATE_TOPICS]
 
     throttle_time_ms: int = fld(INT32, "2+")
     topics: list[CreatableTopicResult] = fld(array(CreatableTopicResult), "0+")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shmprod.protocol.frames import ApiKey
+from shmprod.protocol.frames import SUPPORTED_VERSIONS, ApiKey
 from shmprod.protocol.messages.schema import (
     INT8,
     INT16,
@@ -64,7 +64,7 @@ class FetchRequest(Request):
     """A full fetch with no session (session_id 0, epoch -1)."""
 
     API_KEY: ClassVar[int] = ApiKey.FETCH
-    VERSIONS: ClassVar[tuple[int, int]] = (4, 12)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.FETCH]
 
     cluster_id: str | None = fld(STRING, "12+", nullable="12+", tag=0, default=None)
     replica_id: int = fld(INT32, "0+", default=-1)
@@ -143,7 +143,7 @@ class FetchResponse(Response):
     """Record batches read from the partitions asked for."""
 
     API_KEY: ClassVar[int] = ApiKey.FETCH
-    VERSIONS: ClassVar[tuple[int, int]] = (4, 12)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.FETCH]
 
     throttle_time_ms: int = fld(INT32, "1+")
     error_code: int = fld(INT16, "7+")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shmprod.protocol.frames import ApiKey
+from shmprod.protocol.frames import SUPPORTED_VERSIONS, ApiKey
 from shmprod.protocol.messages.schema import INT16, INT32, INT64, STRING, Request, Response, fld
 from shmprod.protocol.primitives import INT32_MAX
 
@@ -23,7 +23,7 @@ class InitProducerIdRequest(Request):
     producer (the Java client sends ``Integer.MAX_VALUE`` as its transaction timeout)."""
 
     API_KEY: ClassVar[int] = ApiKey.INIT_PRODUCER_ID
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 5)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.INIT_PRODUCER_ID]
 
     transactional_id: str | None = fld(STRING, "0+", nullable="0+", default=None)
     transaction_timeout_ms: int = fld(INT32, "0+", default=INT32_MAX)
@@ -36,7 +36,7 @@ class InitProducerIdResponse(Response):
     """The producer id and epoch granted, or an error code."""
 
     API_KEY: ClassVar[int] = ApiKey.INIT_PRODUCER_ID
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 5)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.INIT_PRODUCER_ID]
 
     throttle_time_ms: int = fld(INT32, "0+")
     error_code: int = fld(INT16, "0+")

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shmprod.protocol.frames import ApiKey
+from shmprod.protocol.frames import SUPPORTED_VERSIONS, ApiKey
 from shmprod.protocol.messages.schema import (
     BOOL,
     INT16,
@@ -46,7 +46,7 @@ class MetadataRequest(Request):
     """``topics=None`` asks for every topic; an empty list asks for none (brokers only)."""
 
     API_KEY: ClassVar[int] = ApiKey.METADATA
-    VERSIONS: ClassVar[tuple[int, int]] = (1, 12)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.METADATA]
 
     topics: list[MetadataRequestTopic] | None = fld(
         array(MetadataRequestTopic), "0+", nullable="1+"
@@ -96,7 +96,7 @@ class MetadataResponse(Response):
     """The cluster's brokers, controller and the topics asked for."""
 
     API_KEY: ClassVar[int] = ApiKey.METADATA
-    VERSIONS: ClassVar[tuple[int, int]] = (1, 12)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.METADATA]
 
     throttle_time_ms: int = fld(INT32, "3+")
     brokers: list[MetadataResponseBroker] = fld(array(MetadataResponseBroker), "0+")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shmprod.protocol.frames import ApiKey
+from shmprod.protocol.frames import SUPPORTED_VERSIONS, ApiKey
 from shmprod.protocol.messages.schema import (
     INT16,
     INT32,
@@ -56,7 +56,7 @@ class ProduceRequest(Request):
     """Record batches for one broker; ``acks`` 0 (no response), 1 (leader) or -1 (all)."""
 
     API_KEY: ClassVar[int] = ApiKey.PRODUCE
-    VERSIONS: ClassVar[tuple[int, int]] = (3, 11)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.PRODUCE]
 
     transactional_id: str | None = fld(STRING, "3+", nullable="3+", default=None)
     acks: int = fld(INT16, "0+", default=-1)
@@ -122,7 +122,7 @@ class ProduceResponse(Response):
     """Per-partition outcomes of a produce request."""
 
     API_KEY: ClassVar[int] = ApiKey.PRODUCE
-    VERSIONS: ClassVar[tuple[int, int]] = (3, 11)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.PRODUCE]
 
     responses: list[TopicProduceResponse] = fld(array(TopicProduceResponse), "0+")
     throttle_time_ms: int = fld(INT32, "1+")

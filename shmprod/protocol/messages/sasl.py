@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shmprod.protocol.frames import ApiKey
+from shmprod.protocol.frames import SUPPORTED_VERSIONS, ApiKey
 from shmprod.protocol.messages.schema import (
     INT16,
     INT64,
@@ -38,7 +38,7 @@ class SaslHandshakeRequest(Request):
     """The SASL mechanism the client wants (``"SCRAM-SHA-512"``, ``"PLAIN"``)."""
 
     API_KEY: ClassVar[int] = ApiKey.SASL_HANDSHAKE
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.SASL_HANDSHAKE]
 
     mechanism: str = fld(STRING, "0+")
 
@@ -48,7 +48,7 @@ class SaslHandshakeResponse(Response):
     """An error code (33 UNSUPPORTED_SASL_MECHANISM) and the mechanisms the broker offers."""
 
     API_KEY: ClassVar[int] = ApiKey.SASL_HANDSHAKE
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.SASL_HANDSHAKE]
 
     error_code: int = fld(INT16, "0+")
     mechanisms: list[str] = fld(array(STRING), "0+")
@@ -59,7 +59,7 @@ class SaslAuthenticateRequest(Request):
     """One SASL token from the client."""
 
     API_KEY: ClassVar[int] = ApiKey.SASL_AUTHENTICATE
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 2)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.SASL_AUTHENTICATE]
 
     auth_bytes: RecordsBuffer = fld(RECORDS, "0+", default=b"")
 
@@ -69,7 +69,7 @@ class SaslAuthenticateResponse(Response):
     """One SASL token from the broker, or an error (58 SASL_AUTHENTICATION_FAILED)."""
 
     API_KEY: ClassVar[int] = ApiKey.SASL_AUTHENTICATE
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 2)
+    VERSIONS: ClassVar[tuple[int, int]] = SUPPORTED_VERSIONS[ApiKey.SASL_AUTHENTICATE]
 
     error_code: int = fld(INT16, "0+")
     error_message: str | None = fld(STRING, "0+", nullable="0+", default=None)

@@ -27,7 +27,7 @@ from typing import Any, Final
 import shmprod
 from shmprod import shm
 from shmprod.config import ProducerConfig
-from shmprod.errors import ProducerClosedError, ShmprodError
+from shmprod.errors import ProducerClosedError, SenderDiedError, ShmprodError
 from shmprod.futures import BatchFuture, RecordFuture
 from shmprod.handle import Handle, SenderSpec
 from shmprod.ipc import process_start_us
@@ -302,14 +302,33 @@ class Producer:
         try:
             worker = attach(self.handle, owner=True)
             worker.wait_ready(timeout=max(SENDER_START_TIMEOUT_S, cfg.max_block_ms / 1000))
-        except BaseException:
+        except BaseException as exc:
             if worker is not None:  # e.g. the sender refused by the broker (TLS, SASL)
                 with contextlib.suppress(Exception):
                     worker.close(0)
+            died = self._sender_died_at_start(exc)
             self._finalizer()
+            if died is not None:
+                raise died from exc
             raise
         self._workers[self._pid] = worker
         self._own = worker
+
+    def _sender_died_at_start(self, exc: BaseException) -> SenderDiedError | None:
+        """The error to raise when ``exc`` (nobody listening on the control socket) came
+        from a sender that exited before it served it, e.g. its interpreter failed to
+        import shmprod: it names the sender's exit status, where ``exc`` would blame the
+        handle. Runs in: owner, while ``Producer()`` fails."""
+        if not isinstance(exc, ProducerClosedError):
+            return None
+        try:
+            status = self._proc.wait(1.0)  # its socket was closed: it is exiting
+        except subprocess.TimeoutExpired:
+            return None
+        return SenderDiedError(
+            f"the sender process (pid {self._proc.pid}) exited with status {status} as it "
+            "started, before it served the producer; its error is on this process's stderr"
+        )
 
     def _worker(self) -> Worker:
         """This process's worker: the owner's own, or one attached after a fork."""

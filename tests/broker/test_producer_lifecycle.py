@@ -619,3 +619,27 @@ def test_a_start_that_fails_after_the_sender_started_leaves_nothing(
         Producer(bootstrap_servers=broker.bootstrap)
     assert not _live_senders()
     assert _our_files() <= before
+
+
+def test_a_sender_that_dies_as_it_starts_is_named_with_its_status(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender whose interpreter fails before it serves the producer (say, it cannot
+    import shmprod) is a SenderDiedError naming its exit status, not a complaint about
+    the handle; nothing is left behind."""
+    from shmprod import producer
+
+    def broken(listen_fd: int, **kwargs: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.exit(3)"],
+            pass_fds=[listen_fd],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    before = _our_files()
+    monkeypatch.setattr(producer, "start_sender", broken)
+    with pytest.raises(SenderDiedError, match="exited with status 3 as it started"):
+        Producer(bootstrap_servers=broker.bootstrap)
+    assert not _live_senders()
+    assert _our_files() <= before

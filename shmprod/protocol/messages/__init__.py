@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shmprod.protocol.frames import UnsupportedVersionError
+from shmprod.protocol.frames import SUPPORTED_VERSIONS, UnsupportedVersionError
 from shmprod.protocol.messages.api_versions import (
     ApiVersion,
     ApiVersionsRequest,
@@ -22,7 +22,6 @@ from shmprod.protocol.messages.api_versions import (
     VersionsHandshake,
 )
 from shmprod.protocol.messages.codec import (
-    SUPPORTED_VERSIONS,
     choose_version,
     decode_request,
     decode_response,

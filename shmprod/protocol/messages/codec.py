@@ -48,22 +48,6 @@ if TYPE_CHECKING:  # built at first use (see __getattr__)
     REQUEST_TYPES: Mapping[int, type[Request]]
     RESPONSE_TYPES: Mapping[int, type[Response]]
 
-__all__ = [
-    "REQUEST_TYPES",
-    "RESPONSE_TYPES",
-    "SUPPORTED_VERSIONS",
-    "choose_version",
-    "decode_request",
-    "decode_response",
-    "encode_produce_request",
-    "encode_produce_request_segments",
-    "encode_request",
-    "encode_request_segments",
-    "encode_response",
-    "negotiate_versions",
-    "version_for",
-]
-
 
 @functools.cache
 def _registries() -> tuple[Mapping[int, type[Request]], Mapping[int, type[Response]]]:

@@ -101,22 +101,15 @@ def measure(ctx: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import json
     import statistics
     import time
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from suite import RESULTS, _cpu_model, installed_version
+    from suite import bench_meta, repeat_of, runs_parser, write_json
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one run")
-    parser.add_argument("--repeat", type=int, default=None, help="runs (3; quick: 1)")
-    parser.add_argument("--out", default=None, help="path prefix of the JSON and markdown")
+    parser = runs_parser(__doc__, 3, 1, "runs")
     args = parser.parse_args(argv)
-    repeat = args.repeat or (1 if args.quick else 3)
-    if repeat < 1:
-        parser.error("--repeat must be at least 1")
+    repeat = repeat_of(parser, args)
 
     ctx = mp.get_context("spawn")
     t0 = time.monotonic()
@@ -142,20 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             row[field + "_high"] = max(xs)
         row["loaded"] = sorted({m for r in runs for m in r[name]["loaded"]})
         rows.append(row)
-    meta = {
-        "command": " ".join(["python bench/footprint.py", *(argv or sys.argv[1:])]),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "shmprod": installed_version("shmprod"),
-        "records": RECORDS,
-        "repeat": repeat,
-        "elapsed_s": time.monotonic() - t0,
-    }
-    prefix = args.out or os.path.join(RESULTS, "footprint-quick" if args.quick else "footprint")
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    with open(prefix + ".json", "w", encoding="utf-8") as fh:
-        json.dump({"meta": meta, "rows": rows, "runs": runs}, fh, indent=2)
+    meta = bench_meta("footprint.py", argv, t0, records=RECORDS, repeat=repeat)
+    prefix = write_json(
+        args.out, "footprint", args.quick, {"meta": meta, "rows": rows, "runs": runs}
+    )
     with open(prefix + ".md", "w", encoding="utf-8") as fh:
         fh.write("# What each process of a producer holds besides the pool\n\n")
         fh.write(

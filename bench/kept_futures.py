@@ -19,7 +19,6 @@ for quick runs, or ``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import random
@@ -30,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from suite import RESULTS, _cpu_model, count_back, installed_version
+from suite import bench_meta, count_back, write_json
 
 KEEP_EVERY = 2048
 TOPIC = "kept"
@@ -159,21 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             row[name + "_high"] = max(xs)
         row["runs"] = rs
         rows.append(row)
-    meta = {
-        "command": " ".join(["python bench/kept_futures.py", *(argv or sys.argv[1:])]),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "shmprod": installed_version("shmprod"),
-        "records": records,
-        "repeat": repeat,
-        "elapsed_s": time.monotonic() - t0,
-    }
-    prefix = args.out or os.path.join(
-        RESULTS, "kept-futures-quick" if args.quick else "kept-futures"
-    )
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    with open(prefix + ".json", "w", encoding="utf-8") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=2)
+    meta = bench_meta("kept_futures.py", argv, t0, records=records, repeat=repeat)
+    prefix = write_json(args.out, "kept-futures", args.quick, {"meta": meta, "rows": rows})
     with open(prefix + ".md", "w", encoding="utf-8") as fh:
         fh.write("# What a process holds for the send futures it keeps\n\n")
         fh.write(

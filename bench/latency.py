@@ -17,7 +17,6 @@ in ``bench/results/`` (``latency-quick.*`` for quick runs).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -27,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from suite import RESULTS, _cpu_model, installed_version, measure_latency
+from suite import bench_meta, installed_version, measure_latency, write_json
 
 KINDS = ("shmprod send", "confluent-kafka produce")
 RATE = 2000
@@ -77,21 +76,16 @@ def main(argv: list[str] | None = None) -> int:
                 "runs": rs,
             }
         )
-    meta = {
-        "command": " ".join(["python bench/latency.py", *(argv or sys.argv[1:])]),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "shmprod": installed_version("shmprod"),
-        "confluent_kafka": installed_version("confluent-kafka"),
-        "rate": RATE,
-        "seconds": seconds,
-        "repeat": repeat,
-        "elapsed_s": time.monotonic() - t0,
-    }
-    prefix = os.path.join(RESULTS, "latency-quick" if args.quick else "latency")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(prefix + ".json", "w", encoding="utf-8") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=2)
+    meta = bench_meta(
+        "latency.py",
+        argv,
+        t0,
+        confluent_kafka=installed_version("confluent-kafka"),
+        rate=RATE,
+        seconds=seconds,
+        repeat=repeat,
+    )
+    prefix = write_json(None, "latency", args.quick, {"meta": meta, "rows": rows})
     with open(prefix + ".md", "w", encoding="utf-8") as fh:
         fh.write("# Send-to-acknowledgement latency by linger\n\n")
         fh.write(

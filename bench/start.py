@@ -28,7 +28,6 @@ import time
 
 T0 = time.perf_counter()  # the process's first line (see child())
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -149,18 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args_list[1], args_list[2])))
         return 0
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from suite import RESULTS, _cpu_model, count_back, installed_version
+    from suite import bench_meta, count_back, installed_version, repeat_of, runs_parser, write_json
 
     from shmprod.broker import embedded_broker
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 runs of each client")
-    parser.add_argument("--repeat", type=int, default=None, help="runs of each (10; quick: 3)")
-    parser.add_argument("--out", default=None, help="path prefix of the JSON and markdown")
+    parser = runs_parser(__doc__, 10, 3, "runs of each client")
     args = parser.parse_args(args_list)
-    repeat = args.repeat or (3 if args.quick else 10)
-    if repeat < 1:
-        parser.error("--repeat must be at least 1")
+    repeat = repeat_of(parser, args)
 
     t0 = time.monotonic()
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in CLIENTS}
@@ -189,20 +183,14 @@ def main(argv: list[str] | None = None) -> int:
             row[phase + "_low"] = min(xs)
             row[phase + "_high"] = max(xs)
         rows.append(row)
-    meta = {
-        "command": " ".join(["python bench/start.py", *args_list]),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "shmprod": installed_version("shmprod"),
-        "confluent_kafka": installed_version("confluent-kafka"),
-        "repeat": repeat,
-        "elapsed_s": time.monotonic() - t0,
-    }
-    prefix = args.out or os.path.join(RESULTS, "start-quick" if args.quick else "start")
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    with open(prefix + ".json", "w", encoding="utf-8") as fh:
-        json.dump({"meta": meta, "rows": rows, "runs": runs}, fh, indent=2)
+    meta = bench_meta(
+        "start.py",
+        args_list,
+        t0,
+        confluent_kafka=installed_version("confluent-kafka"),
+        repeat=repeat,
+    )
+    prefix = write_json(args.out, "start", args.quick, {"meta": meta, "rows": rows, "runs": runs})
     with open(prefix + ".md", "w", encoding="utf-8") as fh:
         fh.write("# A producer's start and end, in a fresh process\n\n")
         fh.write(

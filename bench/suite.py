@@ -1333,6 +1333,54 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+def runs_parser(doc: str | None, full: int, quick: int, runs: str) -> argparse.ArgumentParser:
+    """The options of a small benchmark: ``--quick`` (``quick`` runs), ``--repeat``
+    (``full`` unless quick; ``runs`` says what one is) and ``--out``. Its description is
+    the first line of ``doc``; :func:`repeat_of` reads the number of runs."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"{quick} {runs}")
+    parser.add_argument("--repeat", type=int, default=None, help=f"{runs} ({full}; quick: {quick})")
+    parser.add_argument("--out", default=None, help="path prefix of the JSON and markdown")
+    parser.set_defaults(full_runs=full, quick_runs=quick)
+    return parser
+
+
+def repeat_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The runs asked for with :func:`runs_parser`'s options; at least one."""
+    repeat: int = args.repeat
+    if repeat is None:
+        repeat = args.quick_runs if args.quick else args.full_runs
+    if repeat < 1:
+        parser.error("--repeat must be at least 1")
+    return repeat
+
+
+def bench_meta(script: str, argv: list[str] | None, started: float, **extra: Any) -> dict[str, Any]:
+    """The ``meta`` a small benchmark writes beside its rows: its command line, the
+    machine, Python and shmprod, what the benchmark adds (``extra``) and how long it took
+    since ``started`` (``time.monotonic()``)."""
+    given = sys.argv[1:] if argv is None else argv
+    return {
+        "command": " ".join([f"python bench/{script}", *given]),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "shmprod": installed_version("shmprod"),
+        **extra,
+        "elapsed_s": time.monotonic() - started,
+    }
+
+
+def write_json(out: str | None, name: str, quick: bool, payload: dict[str, Any]) -> str:
+    """Writes ``payload`` to ``<prefix>.json`` and returns the prefix, for the markdown:
+    ``out``, or ``bench/results/<name>`` (``<name>-quick`` for a quick run)."""
+    prefix = out or os.path.join(RESULTS, f"{name}-quick" if quick else name)
+    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
+    with open(prefix + ".json", "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, indent=2)
+    return prefix
+
+
 def _fmt(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 

@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # the names below load on first use (see __getattr__)
     from shmprod.handle import Handle
     from shmprod.host import host_producer
     from shmprod.pool import current, pool_initializer
-    from shmprod.producer import Producer, attach
+    from shmprod.producer import Producer
+    from shmprod.worker import attach
 
 __all__ = [
     "BatchFuture",
@@ -61,7 +62,7 @@ _LAZY = {
     "current": "shmprod.pool",
     "pool_initializer": "shmprod.pool",
     "Producer": "shmprod.producer",
-    "attach": "shmprod.producer",
+    "attach": "shmprod.worker",
     "export": "shmprod.exporter",
     "ExportError": "shmprod.exporter",
     "ExportReport": "shmprod.exporter",

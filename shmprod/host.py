@@ -37,14 +37,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from shmprod import shm
 from shmprod.config import OPENBLAS_THREADS_VAR, ProducerConfig
 from shmprod.errors import ConfigError, ProducerError, ShmprodError
 from shmprod.handle import Handle
 from shmprod.producer import _sender_env, fit_pool
-from shmprod.worker import Worker, attach
+
+if TYPE_CHECKING:
+    from shmprod.worker import Worker
 
 __all__ = ["find", "host_id", "host_producer", "runtime_dir"]
 
@@ -134,6 +136,8 @@ def host_producer(
         raise ConfigError(f"idle_timeout_ms must be an int, got {idle_timeout_ms!r}")
     if idle_timeout_ms < 0:
         raise ConfigError(f"idle_timeout_ms must be >= 0, got {idle_timeout_ms}")
+    from shmprod.worker import attach
+
     cfg = ProducerConfig.from_keywords(**options)
     cfg.ssl_context()  # a bad certificate file fails here, in the caller
     directory = runtime_dir()

@@ -1,10 +1,13 @@
-"""The owner's side: ``Producer`` creates the shared producer (``attach`` joins it).
+"""The owner's side: ``Producer`` creates the shared producer (``shmprod.attach`` joins
+it).
 
-Runs in: the owner (``Producer``) or any attaching process (``attach``). The owner
-creates the segment and the control socket, spawns the sender as a fresh interpreter
-(its start-up spec, secrets included, goes over its stdin, never its command line),
-and attaches to its own producer like any worker. ``close()`` flushes, stops the sender
-and removes everything it created; if the owner dies instead, the sender does that.
+Runs in: the owner. The owner spawns the sender as a fresh interpreter, creates the
+segment and the control socket while it starts (its start-up spec, secrets included,
+goes over its stdin, never its command line), and attaches to its own producer like any
+worker. ``close()`` flushes, stops the sender and removes everything it created; if the
+owner dies instead, the sender does that. Importing this module loads neither numpy nor
+the worker's modules: ``Producer()`` loads them once its sender is started, so the two
+load at once.
 """
 
 from __future__ import annotations
@@ -22,21 +25,23 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import shmprod
 from shmprod import shm
 from shmprod.config import ProducerConfig
 from shmprod.errors import ProducerClosedError, SenderDiedError, ShmprodError
-from shmprod.futures import BatchFuture, RecordFuture
 from shmprod.handle import Handle, SenderSpec
 from shmprod.ipc import process_start_us
 from shmprod.layout import Geometry, write_header
 from shmprod.shm import Segment
 from shmprod.sweep import socket_dir, sweep
-from shmprod.worker import Worker, attach
 
-__all__ = ["Producer", "attach", "give_spec", "spawn_sender", "start_sender"]
+if TYPE_CHECKING:
+    from shmprod.futures import BatchFuture, RecordFuture
+    from shmprod.worker import Worker
+
+__all__ = ["Producer", "give_spec", "spawn_sender", "start_sender"]
 
 SENDER_START_TIMEOUT_S = 30.0
 
@@ -298,6 +303,10 @@ class Producer:
             partitioner=None if isinstance(cfg.partitioner, str) else cfg.partitioner,
             host=socket.gethostname(),
         )
+        # The worker's modules (numpy among them, about 100 ms) load only now, while
+        # the sender starts: importing this module does not load them.
+        from shmprod.worker import attach
+
         worker: Worker | None = None
         try:
             worker = attach(self.handle, owner=True)
@@ -340,6 +349,8 @@ class Producer:
             with self._lock:
                 worker = self._workers.get(pid)
                 if worker is None:
+                    from shmprod.worker import attach
+
                     worker = attach(self.handle)
                     self._workers[pid] = worker
         return worker

@@ -11,6 +11,22 @@ vectorized), :mod:`.topics` (metadata cache, topic names), :mod:`.inputs` (argum
 checks), :mod:`.shmstats` (counters read from shared memory).
 """
 
-from shmprod.worker.client import Worker, attach
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shmprod.worker.client import Worker, attach
 
 __all__ = ["Worker", "attach"]
+
+
+def __getattr__(name: str) -> object:
+    """``Worker`` and ``attach`` load the worker's modules (and numpy) at first use, so a
+    module that needs only a light part of this package (``cause``, ``shmstats``) does
+    not load them, nor does the owner before its sender is started (``Producer``)."""
+    if name in __all__:
+        from shmprod.worker import client
+
+        found = getattr(client, name)
+        globals()[name] = found
+        return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,7 @@
 """``shmprod.arrow``: pyarrow imported at its first use, not when ``send()``'s modules
-load. That ``send()`` alone never imports it is checked end to end in
-``tests/broker/test_footprint.py``."""
+load (that ``send()`` alone never imports it is checked end to end in
+``tests/broker/test_footprint.py``); and the owner's modules, which load neither numpy
+nor the worker's until ``Producer()`` has started its sender."""
 
 from __future__ import annotations
 
@@ -43,3 +44,18 @@ def test_importing_the_send_path_leaves_arrow_unloaded() -> None:
     )
     out = python_output(child, timeout=60)
     assert "LOADED False True True" in out, out
+
+
+def test_the_owner_and_the_host_daemon_load_numpy_only_in_producer() -> None:
+    """``from shmprod import Producer`` and the host daemon's module load neither the
+    worker's modules nor numpy: ``Producer()`` starts the sender first and imports them
+    while it starts. ``shmprod.attach`` and ``shmprod.worker.Worker`` still resolve."""
+    child = (
+        "import sys; from shmprod import Producer; import shmprod.host, shmprod.sweep;"
+        " print('BEFORE', sorted(m for m in ('numpy', 'shmprod.worker.client')"
+        " if m in sys.modules));"
+        " import shmprod, shmprod.worker; from shmprod.worker.client import Worker, attach;"
+        " print('AFTER', shmprod.attach is attach, shmprod.worker.Worker is Worker)"
+    )
+    out = python_output(child, timeout=60)
+    assert "BEFORE []" in out and "AFTER True True" in out, out

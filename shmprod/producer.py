@@ -303,12 +303,12 @@ class Producer:
             partitioner=None if isinstance(cfg.partitioner, str) else cfg.partitioner,
             host=socket.gethostname(),
         )
-        # The worker's modules (numpy among them, about 100 ms) load only now, while
-        # the sender starts: importing this module does not load them.
-        from shmprod.worker import attach
-
         worker: Worker | None = None
         try:
+            # The worker's modules (numpy among them, about 100 ms) load only now, while
+            # the sender starts: importing this module does not load them.
+            from shmprod.worker import attach
+
             worker = attach(self.handle, owner=True)
             worker.wait_ready(timeout=max(SENDER_START_TIMEOUT_S, cfg.max_block_ms / 1000))
         except BaseException as exc:
